@@ -1,0 +1,9 @@
+//! vigia: multi-dimensional rate limiting and risk scoring for marketing APIs.
+//!
+//! The check path, stage by stage: `http` (actix-web) -> `check` (validate, gateway,
+//! keys, decision, response) -> `store` (one atomic round trip). `rules` holds the
+//! operators' rule set; `config` the service's own settings.
+
+pub mod clock;
+pub mod rules;
+pub mod store;

@@ -1,0 +1,297 @@
+//! The rule set: what the operators wrote in `rules/*.toml`, compiled into an immutable
+//! value that one check reads from start to end.
+//!
+//! `raw` is the on-disk model (serde, with spans so every error names its line);
+//! `compile` turns it into [`RuleSet`], rejecting anything a check could trip over later;
+//! `load` reads a folder and computes the version. A `RuleSet` is never mutated: a reload
+//! builds a new one and swaps it in whole (see [`RulesHandle`]).
+
+mod compile;
+mod duration;
+mod load;
+mod raw;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use chrono::{DateTime, Utc};
+use ipnet::IpNet;
+use regex::Regex;
+
+pub use duration::parse_duration_ms;
+pub use load::{load_dir, RuleError, RuleErrors};
+
+/// A dimension of a check: who or what an action is attributed to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dimension {
+    User,
+    Device,
+    Ip,
+    Activity,
+}
+
+impl Dimension {
+    /// All dimensions, in the order they are reported.
+    pub const ALL: [Dimension; 4] = [
+        Dimension::User,
+        Dimension::Device,
+        Dimension::Ip,
+        Dimension::Activity,
+    ];
+
+    /// The name used in rule files (`user`, `device`, `ip`, `activity`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Dimension::User => "user",
+            Dimension::Device => "device",
+            Dimension::Ip => "ip",
+            Dimension::Activity => "activity",
+        }
+    }
+
+    /// The abbreviation used in store keys (`uid`, `did`, `ip`, `aid`).
+    pub fn key_abbrev(self) -> &'static str {
+        match self {
+            Dimension::User => "uid",
+            Dimension::Device => "did",
+            Dimension::Ip => "ip",
+            Dimension::Activity => "aid",
+        }
+    }
+
+    /// The field of a check request that carries this dimension.
+    pub fn request_field(self) -> &'static str {
+        match self {
+            Dimension::User => "user_id",
+            Dimension::Device => "device_id",
+            Dimension::Ip => "ip",
+            Dimension::Activity => "activity_id",
+        }
+    }
+
+    /// Parses a rule-file dimension name.
+    pub fn from_name(s: &str) -> Option<Dimension> {
+        Dimension::ALL.into_iter().find(|d| d.name() == s)
+    }
+}
+
+/// How a limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Exact sliding window over a ZSET of request ids scored by time.
+    SlidingWindow,
+    /// A counter per window aligned to multiples of the window length.
+    FixedWindow,
+    /// Capacity `max`, refilled continuously at `max` per window.
+    TokenBucket,
+}
+
+impl Algorithm {
+    /// The name used in rule files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::TokenBucket => "token_bucket",
+        }
+    }
+}
+
+/// Which answer a tripped limit gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Layer {
+    /// The scene's in-process gateway bucket: protects the service itself.
+    Resource,
+    /// Fairness of the promotion: friendly deny (429, Retry-After, a message).
+    Business,
+    /// Abuse: silent deny, indistinguishable from an allow.
+    Security,
+}
+
+impl Layer {
+    /// The name used in rule files and responses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layer::Resource => "resource",
+            Layer::Business => "business",
+            Layer::Security => "security",
+        }
+    }
+}
+
+/// What a scene does when the window store cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreErrorPolicy {
+    FailOpen,
+    FailClose,
+    Local,
+}
+
+impl StoreErrorPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreErrorPolicy::FailOpen => "fail_open",
+            StoreErrorPolicy::FailClose => "fail_close",
+            StoreErrorPolicy::Local => "local",
+        }
+    }
+}
+
+/// One counted limit of a scene.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limit {
+    /// Unique within the scene; `[A-Za-z0-9_]+`.
+    pub name: String,
+    /// Non-empty, no repeats, in the order the rule file lists them (the key follows it).
+    pub dimensions: Vec<Dimension>,
+    pub algorithm: Algorithm,
+    /// > 0.
+    pub window_ms: u64,
+    /// >= 1.
+    pub max: u64,
+    pub layer: Layer,
+    /// Trust points may raise `max` (issue 4).
+    pub trust_bonus: bool,
+}
+
+/// A CIDR range whose IP-limited traffic gets a different max (a campus or office NAT).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Override {
+    pub cidr: IpNet,
+    /// Name of a limit of the same scene whose dimensions include `ip`.
+    pub limit: String,
+    /// >= 1.
+    pub max: u64,
+}
+
+/// The scene's in-process token bucket (resource layer).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gateway {
+    /// > 0.
+    pub rate_per_s: u32,
+    /// >= 1.
+    pub burst: u32,
+}
+
+/// A rolling behaviour signal threshold (issue 4): `max` within `window_ms`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SignalRule {
+    pub window_ms: u64,
+    pub max: u64,
+}
+
+/// `[scene.X.behaviour]`; every field optional.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Behaviour {
+    pub accounts_per_device: Option<SignalRule>,
+    pub account_switches: Option<SignalRule>,
+    pub devices_per_user: Option<SignalRule>,
+    pub accounts_per_ip: Option<SignalRule>,
+}
+
+/// `[scene.X.score]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Score {
+    /// Signal name -> weight in [0, 1]. Names are the behaviour signals or `new_account`.
+    pub weights: BTreeMap<String, f64>,
+    /// In (0, 1]; a score at or over it is a silent deny.
+    pub silent_deny_at: f64,
+}
+
+/// One protected action.
+#[derive(Debug, Clone)]
+pub struct Scene {
+    pub name: String,
+    pub on_store_error: StoreErrorPolicy,
+    pub deny_message: Option<String>,
+    /// Dimensions a check must carry.
+    pub required: Vec<Dimension>,
+    pub gateway: Option<Gateway>,
+    pub limits: Vec<Limit>,
+    pub overrides: Vec<Override>,
+    pub behaviour: Behaviour,
+    pub score: Option<Score>,
+}
+
+impl Scene {
+    /// The longest window of any limit, in ms (0 when the scene has no limits).
+    pub fn longest_window_ms(&self) -> u64 {
+        self.limits.iter().map(|l| l.window_ms).max().unwrap_or(0)
+    }
+}
+
+/// A trust event kind's award.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrustAward {
+    pub points: u32,
+    pub ttl_ms: u64,
+}
+
+/// `[trust]` (issue 4).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trust {
+    pub payment_succeeded: Option<TrustAward>,
+    pub identity_verified: Option<TrustAward>,
+    pub max_points: u32,
+    pub bonus_per_point: u32,
+    pub score_discount_per_point: f64,
+    pub new_account: Option<NewAccount>,
+}
+
+/// Users first seen recently get stricter limits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NewAccount {
+    pub younger_than_ms: u64,
+    /// In (0, 1].
+    pub max_factor: f64,
+}
+
+/// `[validation]`.
+#[derive(Debug, Clone)]
+pub struct Validation {
+    /// A device id that does not match is a silent deny (`invalid_device_id`).
+    pub device_id: Option<Regex>,
+}
+
+/// A whole, valid rule set. Immutable: replaced, never edited.
+#[derive(Debug, Clone)]
+pub struct RuleSet {
+    /// Hex hash of the files' names and contents, sorted by name.
+    pub version: String,
+    pub loaded_at: DateTime<Utc>,
+    pub scenes: BTreeMap<String, Arc<Scene>>,
+    pub trust: Option<Trust>,
+    pub validation: Validation,
+}
+
+impl RuleSet {
+    pub fn scene(&self, name: &str) -> Option<&Arc<Scene>> {
+        self.scenes.get(name)
+    }
+}
+
+/// The current rule set, swapped atomically. Readers take one snapshot per request
+/// (`current()`) and pass it down; nothing below the handler reads the handle again.
+#[derive(Debug)]
+pub struct RulesHandle {
+    current: ArcSwap<RuleSet>,
+}
+
+impl RulesHandle {
+    pub fn new(rules: RuleSet) -> Self {
+        RulesHandle {
+            current: ArcSwap::from_pointee(rules),
+        }
+    }
+
+    /// One consistent snapshot; cheap; hold it for the whole request.
+    pub fn current(&self) -> Arc<RuleSet> {
+        self.current.load_full()
+    }
+
+    /// Replaces the rule set whole.
+    pub fn swap(&self, rules: RuleSet) {
+        self.current.store(Arc::new(rules));
+    }
+}

@@ -1,0 +1,110 @@
+//! The window store: where the counted limits of a check are evaluated, atomically.
+//!
+//! One check is one [`CheckOp`]: every limit of the scene, each with its store key and its
+//! effective max. The store evaluates all of them in one atomic step (one EVALSHA on Redis)
+//! and either records the request in every key or in none: a denied request consumes
+//! nothing in any dimension. Whose clock counts: the store's (Redis `TIME`), unless a test
+//! injects one. A deny is a value ([`CheckOutcome::Denied`]), not an error; only a store
+//! that cannot answer is an error ([`StoreError`]).
+
+pub mod redis;
+
+use async_trait::async_trait;
+
+use crate::rules::Algorithm;
+
+/// The margin an expiry gets past the end of the window it protects. Keeps the promise of
+/// API.md: a key lives as long as it holds a member inside its window and about a second
+/// more, never less.
+pub const EXPIRY_MARGIN_MS: u64 = 1000;
+
+/// One limit of a check as the store sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitOp {
+    /// Key in the store, already encoded (see `check::keys`).
+    pub key: String,
+    pub algorithm: Algorithm,
+    pub window_ms: u64,
+    /// Effective max (overrides, trust and new-account factors applied); >= 1.
+    pub max: u64,
+    /// Sliding windows only: the longest window of any sliding limit sharing `key`; the
+    /// ZSET is trimmed to it and its expiry follows it. Equal to `window_ms` otherwise.
+    pub retain_ms: u64,
+}
+
+/// Everything one check asks of the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckOp {
+    /// Key of the request record (`<prefix>:<scene>:req:<request_id>`).
+    pub record_key: String,
+    /// Key of the idempotency record, when the check carries an idempotency key.
+    pub idempotency_key: Option<String>,
+    pub request_id: String,
+    /// How long the request and idempotency records live (the longest window, at least 1 s).
+    pub record_ttl_ms: u64,
+    /// Decide, but write nothing.
+    pub dry_run: bool,
+    pub limits: Vec<LimitOp>,
+}
+
+/// How one limit stood when the check was evaluated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitState {
+    /// Requests counted in the window, this one included when it was allowed. For token
+    /// buckets: tokens spent (capacity minus tokens left, rounded up).
+    pub count: u64,
+    /// Whether this limit alone would have denied the request.
+    pub exceeded: bool,
+    /// When exceeded: ms until this limit would admit one more request.
+    pub retry_after_ms: u64,
+}
+
+/// The store's answer to a [`CheckOp`]. `limits` is parallel to `CheckOp::limits`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CheckOutcome {
+    /// Recorded in every key (or would have been, on a dry run).
+    Allowed { limits: Vec<LimitState> },
+    /// At least one limit exceeded; nothing was written anywhere.
+    Denied { limits: Vec<LimitState> },
+    /// The request id, or the idempotency key, was already counted: nothing was written.
+    /// `of` is the request id that was counted.
+    Duplicate { of: String },
+}
+
+/// Everything one refund asks of the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefundOp {
+    pub record_key: String,
+    pub request_id: String,
+    /// The keys the request may have counted in; only those the record names are touched.
+    pub keys: Vec<String>,
+}
+
+/// A store that could not answer. Mapped to the scene's `on_store_error` by the check.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store timed out after {0} ms")]
+    Timeout(u64),
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("store replied with something unexpected: {0}")]
+    Protocol(String),
+}
+
+/// The atomic window store. Implementations must evaluate a whole [`CheckOp`] atomically
+/// with respect to every other op on the same keys.
+#[async_trait]
+pub trait WindowStore: Send + Sync + 'static {
+    /// Evaluates and (unless denied, duplicate or dry run) records one check.
+    async fn check(&self, op: &CheckOp) -> Result<CheckOutcome, StoreError>;
+
+    /// Gives back the quota a request consumed in every key it counted in.
+    /// `Ok(false)` when the request is unknown (never counted, expired, or already refunded).
+    async fn refund(&self, op: &RefundOp) -> Result<bool, StoreError>;
+
+    /// Whether the store answers now (for `/readyz`).
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// A short name for logs and metrics (`redis`, `embedded`).
+    fn kind(&self) -> &'static str;
+}

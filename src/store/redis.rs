@@ -1,0 +1,1 @@
+//! Redis implementation of the window store (in progress).
