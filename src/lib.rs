@@ -7,3 +7,6 @@
 pub mod clock;
 pub mod rules;
 pub mod store;
+pub mod check;
+pub mod config;
+pub mod metrics;

@@ -1,0 +1,195 @@
+//! Store keys: `<prefix>:<scene>:<dim>:<value>[:<dim>:<value>…]` for sliding windows,
+//! `<prefix>:<scene>:fw:<limit>:<dims…>` and `<prefix>:<scene>:tb:<limit>:<dims…>` for
+//! fixed windows and token buckets, `<prefix>:<scene>:req:<id>` and
+//! `<prefix>:<scene>:idem:<key>` for the request and idempotency records.
+//!
+//! Values are percent-encoded: every byte outside `[A-Za-z0-9._@-]` becomes `%XX`, `%`
+//! included. The encoding is injective, and an encoded value contains no `:`, `{`, `}`,
+//! `*`, `?`, `[`, space or control byte, so no id can make another key's name, escape the
+//! prefix, or widen a SCAN pattern. The segment after the scene is a dimension abbreviation
+//! (`uid`, `did`, `ip`, `aid`) or one of `fw`, `tb`, `req`, `idem` — disjoint sets — and
+//! limit names are `[A-Za-z0-9_]`, so the kinds of keys cannot collide either.
+
+use std::fmt::Write;
+
+use crate::rules::{Algorithm, Dimension, Limit};
+
+/// The dimension values of one check, already validated (an IP in canonical text form).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DimensionValues {
+    pub user: Option<String>,
+    pub device: Option<String>,
+    pub ip: Option<String>,
+    pub activity: Option<String>,
+}
+
+impl DimensionValues {
+    pub fn get(&self, d: Dimension) -> Option<&str> {
+        match d {
+            Dimension::User => self.user.as_deref(),
+            Dimension::Device => self.device.as_deref(),
+            Dimension::Ip => self.ip.as_deref(),
+            Dimension::Activity => self.activity.as_deref(),
+        }
+    }
+}
+
+/// Appends `value` percent-encoded.
+pub fn encode_into(out: &mut String, value: &str) {
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-') {
+            out.push(b as char);
+        } else {
+            // Writing to a String cannot fail.
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+}
+
+/// Builds the keys of one scene under one prefix.
+#[derive(Debug, Clone, Copy)]
+pub struct KeySpace<'a> {
+    pub prefix: &'a str,
+    pub scene: &'a str,
+}
+
+impl KeySpace<'_> {
+    fn base(&self) -> String {
+        let mut k = String::with_capacity(64);
+        k.push_str(self.prefix);
+        k.push(':');
+        k.push_str(self.scene);
+        k
+    }
+
+    /// The key a limit counts in, or `None` when a dimension it needs is absent.
+    pub fn limit_key(&self, limit: &Limit, values: &DimensionValues) -> Option<String> {
+        let mut k = self.base();
+        match limit.algorithm {
+            Algorithm::SlidingWindow => {}
+            Algorithm::FixedWindow => {
+                k.push_str(":fw:");
+                k.push_str(&limit.name);
+            }
+            Algorithm::TokenBucket => {
+                k.push_str(":tb:");
+                k.push_str(&limit.name);
+            }
+        }
+        for &d in &limit.dimensions {
+            k.push(':');
+            k.push_str(d.key_abbrev());
+            k.push(':');
+            encode_into(&mut k, values.get(d)?);
+        }
+        Some(k)
+    }
+
+    /// The record of one counted request.
+    pub fn record_key(&self, request_id: &str) -> String {
+        let mut k = self.base();
+        k.push_str(":req:");
+        encode_into(&mut k, request_id);
+        k
+    }
+
+    /// The record of one idempotency key.
+    pub fn idempotency_key(&self, key: &str) -> String {
+        let mut k = self.base();
+        k.push_str(":idem:");
+        encode_into(&mut k, key);
+        k
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::Layer;
+
+    fn limit(name: &str, algorithm: Algorithm, dims: &[Dimension]) -> Limit {
+        Limit {
+            name: name.into(),
+            dimensions: dims.to_vec(),
+            algorithm,
+            window_ms: 1000,
+            max: 1,
+            layer: Layer::Business,
+            trust_bonus: false,
+        }
+    }
+
+    fn values(user: &str) -> DimensionValues {
+        DimensionValues {
+            user: Some(user.into()),
+            device: Some("dev-12345678".into()),
+            ip: Some("2001:db8::1".into()),
+            activity: Some("2026verano".into()),
+        }
+    }
+
+    const KS: KeySpace = KeySpace {
+        prefix: "lt",
+        scene: "coupon_claim",
+    };
+
+    #[test]
+    fn keys_follow_the_contract() {
+        let l = limit(
+            "user_10s",
+            Algorithm::SlidingWindow,
+            &[Dimension::User, Dimension::Activity],
+        );
+        assert_eq!(
+            KS.limit_key(&l, &values("10086")).unwrap(),
+            "lt:coupon_claim:uid:10086:aid:2026verano"
+        );
+        let ip = limit("ip_1m", Algorithm::FixedWindow, &[Dimension::Ip]);
+        assert_eq!(
+            KS.limit_key(&ip, &values("1")).unwrap(),
+            "lt:coupon_claim:fw:ip_1m:ip:2001%3Adb8%3A%3A1"
+        );
+        let tb = limit("dev_tb", Algorithm::TokenBucket, &[Dimension::Device]);
+        assert_eq!(
+            KS.limit_key(&tb, &values("1")).unwrap(),
+            "lt:coupon_claim:tb:dev_tb:did:dev-12345678"
+        );
+    }
+
+    #[test]
+    fn hostile_values_cannot_forge_or_escape() {
+        let l = limit("u", Algorithm::SlidingWindow, &[Dimension::User]);
+        // "a:aid:b" as a user must not equal the user "a" combined with activity "b".
+        let forged = KS.limit_key(&l, &values("a:aid:b")).unwrap();
+        let two = limit(
+            "ua",
+            Algorithm::SlidingWindow,
+            &[Dimension::User, Dimension::Activity],
+        );
+        let mut v = values("a");
+        v.activity = Some("b".into());
+        assert_ne!(forged, KS.limit_key(&two, &v).unwrap());
+        for hostile in ["*", "{x}", "a b", "a\nb", "%3A", "../..", "ü"] {
+            let k = KS.limit_key(&l, &values(hostile)).unwrap();
+            let tail = k.strip_prefix("lt:coupon_claim:uid:").unwrap();
+            assert!(
+                tail.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._@-%".contains(&b)),
+                "{k}"
+            );
+        }
+        // Injective: the escape character itself is escaped.
+        assert_ne!(
+            KS.limit_key(&l, &values("%3A")).unwrap(),
+            KS.limit_key(&l, &values(":")).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_missing_dimension_makes_no_key() {
+        let l = limit("d", Algorithm::SlidingWindow, &[Dimension::Device]);
+        let mut v = values("u");
+        v.device = None;
+        assert_eq!(KS.limit_key(&l, &v), None);
+    }
+}

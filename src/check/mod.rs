@@ -1,0 +1,285 @@
+//! The check path as one readable async fn: validate -> gateway -> keys -> store ->
+//! decision. Each stage is its own module; this one only sequences them and records
+//! telemetry. The rule set is one snapshot passed in by the caller and used throughout.
+
+pub mod decision;
+pub mod gateway;
+pub mod keys;
+pub mod request;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::metrics::Metrics;
+use crate::rules::{Algorithm, Dimension, Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
+use crate::store::{CheckOp, CheckOutcome, LimitOp, RefundOp, StoreError, WindowStore};
+use decision::{apply_denied, reason, reports, AppliedLimit, CheckResponse, RateLimitInfo};
+use gateway::Gateways;
+use keys::{DimensionValues, KeySpace};
+pub use request::{CheckRequest, RequestError};
+
+/// How long a store-unavailable deny tells the client to wait.
+const STORE_UNAVAILABLE_RETRY_MS: u64 = 1000;
+
+/// Runs checks and refunds against one window store.
+pub struct Checker {
+    store: Arc<dyn WindowStore>,
+    /// The node's own store, for scenes whose policy is `local` (none until one exists:
+    /// then `local` answers like `fail_close`).
+    local: Option<Arc<dyn WindowStore>>,
+    gateways: Gateways,
+    metrics: Metrics,
+    key_prefix: String,
+}
+
+impl Checker {
+    pub fn new(
+        store: Arc<dyn WindowStore>,
+        local: Option<Arc<dyn WindowStore>>,
+        metrics: Metrics,
+        key_prefix: &str,
+    ) -> Self {
+        Checker {
+            store,
+            local,
+            gateways: Gateways::default(),
+            metrics,
+            key_prefix: key_prefix.to_string(),
+        }
+    }
+
+    /// Brings per-scene in-process state (gateway buckets) in line with a new rule set.
+    pub fn sync_rules(&self, rules: &RuleSet) {
+        self.gateways.sync(rules);
+    }
+
+    /// The store the checker counts in.
+    pub fn store(&self) -> &Arc<dyn WindowStore> {
+        &self.store
+    }
+
+    /// Validates and decides one `/v1/check` body.
+    pub async fn check(&self, rules: &RuleSet, body: &Value) -> Result<CheckResponse, RequestError> {
+        let started = Instant::now();
+        let req = request::parse_check(rules, body)?;
+        let resp = self.decide(rules, &req).await;
+        self.record(&req.scene, &resp, started);
+        Ok(resp)
+    }
+
+    async fn decide(&self, rules: &RuleSet, req: &CheckRequest) -> CheckResponse {
+        let scene = &req.scene;
+        let mut resp = CheckResponse::allow(&scene.name, &req.request_id, &rules.version);
+        if req.device_invalid {
+            resp.silent_deny(reason::INVALID_DEVICE_ID);
+            return resp;
+        }
+        // Resource layer first: a deny here costs the store nothing. A dry run records
+        // nothing, so it takes no token either.
+        if !req.dry_run {
+            if let Err(wait_ms) = self.gateways.admit(&scene.name) {
+                resp.friendly_deny(Layer::Resource, reason::GATEWAY_RATE, scene, wait_ms);
+                if let Some(g) = scene.gateway {
+                    resp.rate_limit = Some(RateLimitInfo {
+                        name: reason::GATEWAY_RATE.into(),
+                        quota: u64::from(g.rate_per_s),
+                        window_s: 1,
+                        remaining: 0,
+                        reset_s: decision::ceil_secs(wait_ms),
+                    });
+                }
+                return resp;
+            }
+        }
+        let (op, applied) = self.check_op(scene, req);
+        let outcome = match self.store.check(&op).await {
+            Ok(outcome) => outcome,
+            Err(e) => match self.on_store_error(scene, &op, &e).await {
+                Some(outcome) => {
+                    resp.degraded = true;
+                    outcome
+                }
+                None => {
+                    resp.degraded = true;
+                    if scene.on_store_error == StoreErrorPolicy::FailOpen {
+                        return resp;
+                    }
+                    resp.friendly_deny(
+                        Layer::Resource,
+                        reason::STORE_UNAVAILABLE,
+                        scene,
+                        STORE_UNAVAILABLE_RETRY_MS,
+                    );
+                    return resp;
+                }
+            },
+        };
+        match outcome {
+            CheckOutcome::Allowed { limits } => resp.limits = reports(&applied, scene, &limits),
+            CheckOutcome::Denied { limits } => {
+                resp.limits = reports(&applied, scene, &limits);
+                apply_denied(&mut resp, &applied, scene, &limits);
+            }
+            CheckOutcome::Duplicate { of } => resp.duplicate_of = Some(of),
+        }
+        resp
+    }
+
+    /// The store failed: log and count it, then let the scene's policy decide. `Some` is
+    /// an outcome from the node's local store; `None` means answer without one.
+    async fn on_store_error(
+        &self,
+        scene: &Scene,
+        op: &CheckOp,
+        e: &StoreError,
+    ) -> Option<CheckOutcome> {
+        self.metrics
+            .store_error(self.store.kind(), store_error_kind(e));
+        self.metrics
+            .degraded(&scene.name, scene.on_store_error.name());
+        tracing::warn!(scene = %scene.name, error = %e, policy = scene.on_store_error.name(), "store failed; scene policy decides");
+        if scene.on_store_error != StoreErrorPolicy::Local {
+            return None;
+        }
+        let local = self.local.as_ref()?;
+        local.check(op).await.ok()
+    }
+
+    /// The store op of one check: every limit of the scene with its key and effective max.
+    fn check_op(&self, scene: &Scene, req: &CheckRequest) -> (CheckOp, Vec<AppliedLimit>) {
+        let ks = KeySpace {
+            prefix: &self.key_prefix,
+            scene: &scene.name,
+        };
+        let ip: Option<IpAddr> = req.values.ip.as_deref().and_then(|s| s.parse().ok());
+        let mut applied: Vec<AppliedLimit> = scene
+            .limits
+            .iter()
+            .enumerate()
+            .filter_map(|(index, limit)| {
+                let key = ks.limit_key(limit, &req.values)?;
+                Some(AppliedLimit {
+                    index,
+                    op: LimitOp {
+                        key,
+                        algorithm: limit.algorithm,
+                        window_ms: limit.window_ms,
+                        max: effective_max(scene, limit, ip),
+                        retain_ms: limit.window_ms,
+                    },
+                })
+            })
+            .collect();
+        // Sliding limits over the same dimensions share one ZSET: it must keep members for
+        // the longest of their windows.
+        for i in 0..applied.len() {
+            if applied[i].op.algorithm != Algorithm::SlidingWindow {
+                continue;
+            }
+            let retain = applied
+                .iter()
+                .filter(|o| o.op.algorithm == Algorithm::SlidingWindow && o.op.key == applied[i].op.key)
+                .map(|o| o.op.window_ms)
+                .max()
+                .unwrap_or(applied[i].op.window_ms);
+            applied[i].op.retain_ms = retain;
+        }
+        let op = CheckOp {
+            record_key: ks.record_key(&req.request_id),
+            idempotency_key: req.idempotency_key.as_deref().map(|k| ks.idempotency_key(k)),
+            request_id: req.request_id.clone(),
+            record_ttl_ms: record_ttl_ms(scene),
+            dry_run: req.dry_run,
+            limits: applied.iter().map(|a| a.op.clone()).collect(),
+        };
+        (op, applied)
+    }
+
+    fn record(&self, scene: &Scene, resp: &CheckResponse, started: Instant) {
+        let m = &self.metrics;
+        m.decision(
+            &scene.name,
+            resp.decision.name(),
+            resp.layer.map_or("none", Layer::name),
+            resp.reason.as_deref().unwrap_or("none"),
+        );
+        for l in resp.limits.iter().filter(|l| l.exceeded) {
+            if let Some(limit) = scene.limits.iter().find(|s| s.name == l.name) {
+                m.block(&scene.name, &limit.name, &dimension_label(limit));
+            }
+        }
+        m.check_latency(&scene.name, started.elapsed().as_secs_f64());
+    }
+
+    /// Validates a `/v1/refund` body and gives the request's quota back in every key it
+    /// counted in. `Ok(false)` when the store does not know the request.
+    pub async fn refund(&self, rules: &RuleSet, body: &Value) -> Result<Result<bool, StoreError>, RequestError> {
+        let req = request::parse_refund(rules, body)?;
+        let ks = KeySpace {
+            prefix: &self.key_prefix,
+            scene: &req.scene.name,
+        };
+        let op = RefundOp {
+            record_key: ks.record_key(&req.request_id),
+            request_id: req.request_id.clone(),
+            keys: refund_keys(&ks, &req.scene, &req.values),
+        };
+        let result = self.store.refund(&op).await;
+        if let Err(e) = &result {
+            self.metrics.store_error(self.store.kind(), store_error_kind(e));
+        }
+        Ok(result)
+    }
+}
+
+/// Every key the scene's limits make from these values, without repeats.
+fn refund_keys(ks: &KeySpace, scene: &Scene, values: &DimensionValues) -> Vec<String> {
+    let mut keys: Vec<String> = scene
+        .limits
+        .iter()
+        .filter_map(|l| ks.limit_key(l, values))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The request and idempotency records must outlive every window the request counted in,
+/// so a duplicate inside any window is recognised.
+fn record_ttl_ms(scene: &Scene) -> u64 {
+    scene.longest_window_ms().max(1000)
+}
+
+/// The max that applies: a CIDR override for the request's IP (the most specific range
+/// wins) replaces the limit's own.
+fn effective_max(scene: &Scene, limit: &Limit, ip: Option<IpAddr>) -> u64 {
+    let Some(ip) = ip.filter(|_| limit.dimensions.contains(&Dimension::Ip)) else {
+        return limit.max;
+    };
+    scene
+        .overrides
+        .iter()
+        .filter(|o| o.limit == limit.name && o.cidr.contains(&ip))
+        .max_by_key(|o| o.cidr.prefix_len())
+        .map_or(limit.max, |o| o.max)
+}
+
+fn dimension_label(limit: &Limit) -> String {
+    limit
+        .dimensions
+        .iter()
+        .map(|d| d.name())
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+fn store_error_kind(e: &StoreError) -> &'static str {
+    match e {
+        StoreError::Timeout(_) => "timeout",
+        StoreError::Unavailable(_) => "unavailable",
+        StoreError::Protocol(_) => "protocol",
+    }
+}

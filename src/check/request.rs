@@ -1,0 +1,239 @@
+//! Validation: a JSON body becomes a typed [`CheckRequest`] or a [`RequestError`] naming
+//! the field. Nothing past this module sees untyped input.
+//!
+//! Ids may be JSON strings or integers (many backends keep numeric user ids). Any byte is
+//! allowed in an id — keys encode it — but length is bounded so a hostile 10 KB id costs
+//! nothing downstream. A device id that fails the rule set's pattern is not an input error:
+//! it is a security verdict (silent deny), decided by the caller from `device_invalid`.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
+
+use super::keys::DimensionValues;
+use crate::rules::{Dimension, RuleSet, Scene};
+
+/// Longest id accepted (user, device, activity, idempotency key), in bytes.
+pub const MAX_ID_LEN: usize = 128;
+
+/// Why a body is not a valid request. Each names the field involved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("{0}")]
+    InvalidJson(String),
+    #[error("scene {0:?} is not in the current rule set")]
+    UnknownScene(String),
+    #[error("{field} is required by scene {scene}")]
+    MissingDimension { field: &'static str, scene: String },
+    #[error("{field}: {message}")]
+    InvalidField { field: String, message: String },
+}
+
+impl RequestError {
+    fn invalid(field: &str, message: impl Into<String>) -> Self {
+        RequestError::InvalidField {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The field the error is about, if any.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            RequestError::InvalidJson(_) => None,
+            RequestError::UnknownScene(_) => Some("scene"),
+            RequestError::MissingDimension { field, .. } => Some(field),
+            RequestError::InvalidField { field, .. } => Some(field),
+        }
+    }
+}
+
+/// A valid check.
+#[derive(Debug, Clone)]
+pub struct CheckRequest {
+    pub scene: Arc<Scene>,
+    pub request_id: String,
+    /// Only the dimensions the body carried (IP canonicalised).
+    pub values: DimensionValues,
+    pub idempotency_key: Option<String>,
+    pub user_created_at: Option<DateTime<Utc>>,
+    pub dry_run: bool,
+    /// The device id does not match the rule set's pattern (or is absurdly long).
+    pub device_invalid: bool,
+}
+
+/// A valid refund: the request to give back and the dimension values it was checked with.
+#[derive(Debug, Clone)]
+pub struct RefundRequest {
+    pub scene: Arc<Scene>,
+    pub request_id: String,
+    pub values: DimensionValues,
+}
+
+fn object(body: &Value) -> Result<&Map<String, Value>, RequestError> {
+    body.as_object()
+        .ok_or_else(|| RequestError::InvalidJson("the body must be a JSON object".into()))
+}
+
+fn scene(rules: &RuleSet, obj: &Map<String, Value>) -> Result<Arc<Scene>, RequestError> {
+    match obj.get("scene") {
+        None | Some(Value::Null) => Err(RequestError::invalid("scene", "is required")),
+        Some(Value::String(s)) => rules
+            .scene(s)
+            .cloned()
+            .ok_or_else(|| RequestError::UnknownScene(truncate(s))),
+        Some(_) => Err(RequestError::invalid("scene", "must be a string")),
+    }
+}
+
+/// Error messages quote user input; keep them short.
+fn truncate(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+/// A string or integer id; `Ok(None)` when absent or null.
+fn id(obj: &Map<String, Value>, field: &str) -> Result<Option<String>, RequestError> {
+    let s = match obj.get(field) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
+        Some(_) => return Err(RequestError::invalid(field, "must be a string or an integer")),
+    };
+    if s.is_empty() {
+        return Err(RequestError::invalid(field, "must not be empty"));
+    }
+    Ok(Some(s))
+}
+
+fn bounded(field: &str, s: String) -> Result<String, RequestError> {
+    if s.len() > MAX_ID_LEN {
+        return Err(RequestError::invalid(
+            field,
+            format!("is {} bytes; at most {MAX_ID_LEN}", s.len()),
+        ));
+    }
+    Ok(s)
+}
+
+fn request_id(obj: &Map<String, Value>) -> Result<String, RequestError> {
+    match obj.get("request_id") {
+        None | Some(Value::Null) => Ok(ulid::Ulid::generate().to_string()),
+        Some(Value::String(s))
+            if (1..=64).contains(&s.len())
+                && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') =>
+        {
+            Ok(s.clone())
+        }
+        Some(_) => Err(RequestError::invalid(
+            "request_id",
+            "must be 1-64 characters of [A-Za-z0-9_-]",
+        )),
+    }
+}
+
+fn ip(obj: &Map<String, Value>) -> Result<Option<String>, RequestError> {
+    match obj.get("ip") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => s
+            .trim()
+            .parse::<IpAddr>()
+            // One address, one key: ::ffff:1.2.3.4 counts as 1.2.3.4.
+            .map(|a| Some(a.to_canonical().to_string()))
+            .map_err(|_| RequestError::invalid("ip", "is not an IPv4 or IPv6 address")),
+        Some(_) => Err(RequestError::invalid("ip", "must be a string")),
+    }
+}
+
+/// Reads the dimension fields; every present one is checked, required or not.
+fn values(obj: &Map<String, Value>) -> Result<(DimensionValues, bool), RequestError> {
+    let user = id(obj, "user_id")?
+        .map(|s| bounded("user_id", s))
+        .transpose()?;
+    let activity = id(obj, "activity_id")?
+        .map(|s| bounded("activity_id", s))
+        .transpose()?;
+    let device = id(obj, "device_id")?;
+    // A forged device id is a security verdict, not an input error; an absurd length is
+    // forged whatever the pattern says.
+    let device_too_long = device.as_ref().is_some_and(|d| d.len() > MAX_ID_LEN);
+    Ok((
+        DimensionValues {
+            user,
+            device,
+            ip: ip(obj)?,
+            activity,
+        },
+        device_too_long,
+    ))
+}
+
+fn require(scene: &Scene, values: &DimensionValues) -> Result<(), RequestError> {
+    for &d in &scene.required {
+        if values.get(d).is_none() {
+            return Err(RequestError::MissingDimension {
+                field: d.request_field(),
+                scene: scene.name.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Validates a `/v1/check` body against the current rule set.
+pub fn parse_check(rules: &RuleSet, body: &Value) -> Result<CheckRequest, RequestError> {
+    let obj = object(body)?;
+    let scene = scene(rules, obj)?;
+    let request_id = request_id(obj)?;
+    let (values, device_too_long) = values(obj)?;
+    require(&scene, &values)?;
+    let idempotency_key = id(obj, "idempotency_key")?
+        .map(|s| bounded("idempotency_key", s))
+        .transpose()?;
+    let user_created_at = match obj.get("user_created_at") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(
+            DateTime::parse_from_rfc3339(s)
+                .map_err(|e| RequestError::invalid("user_created_at", format!("not RFC 3339: {e}")))?
+                .with_timezone(&Utc),
+        ),
+        Some(_) => return Err(RequestError::invalid("user_created_at", "must be a string")),
+    };
+    let dry_run = match obj.get("dry_run") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(RequestError::invalid("dry_run", "must be true or false")),
+    };
+    let device_invalid = device_too_long
+        || match (&rules.validation.device_id, values.get(Dimension::Device)) {
+            (Some(pattern), Some(device)) => !pattern.is_match(device),
+            _ => false,
+        };
+    Ok(CheckRequest {
+        scene,
+        request_id,
+        values,
+        idempotency_key,
+        user_created_at,
+        dry_run,
+        device_invalid,
+    })
+}
+
+/// Validates a `/v1/refund` body: the scene, the request id, and the dimension values
+/// the check carried (used to find the keys the request counted in).
+pub fn parse_refund(rules: &RuleSet, body: &Value) -> Result<RefundRequest, RequestError> {
+    let obj = object(body)?;
+    let scene = scene(rules, obj)?;
+    if obj.get("request_id").is_none_or(Value::is_null) {
+        return Err(RequestError::invalid("request_id", "is required"));
+    }
+    let request_id = request_id(obj)?;
+    let (values, _) = values(obj)?;
+    Ok(RefundRequest {
+        scene,
+        request_id,
+        values,
+    })
+}

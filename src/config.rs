@@ -1,0 +1,335 @@
+//! The service's own settings: `config.toml`, then the `VIGIA_*` environment on top.
+//!
+//! Read strictly (unknown keys are errors) and validated whole before anything starts, so
+//! a typo in a deploy is one clear message naming the file, line and field — never a
+//! service that quietly runs with a default the operator did not mean.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Which window store the service uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreBackend {
+    Embedded,
+    Redis,
+    RedisCluster,
+}
+
+impl StoreBackend {
+    fn parse(s: &str) -> Option<StoreBackend> {
+        match s {
+            "embedded" => Some(StoreBackend::Embedded),
+            "redis" => Some(StoreBackend::Redis),
+            "redis_cluster" => Some(StoreBackend::RedisCluster),
+            _ => None,
+        }
+    }
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub backend: StoreBackend,
+    pub redis_url: String,
+    /// Bound on one store round trip, ms.
+    pub timeout_ms: u64,
+    /// First segment of every key; `[A-Za-z0-9_]+`.
+    pub key_prefix: String,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            backend: StoreBackend::Embedded,
+            redis_url: "redis://127.0.0.1:6379".into(),
+            timeout_ms: 50,
+            key_prefix: "lt".into(),
+        }
+    }
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Empty: admin and event endpoints answer loopback peers only.
+    pub admin_token: String,
+    /// Empty: `/v1/check` needs no token.
+    pub check_token: String,
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listen: String,
+    pub rules_dir: PathBuf,
+    pub data_dir: PathBuf,
+    pub store: StoreConfig,
+    pub auth: AuthConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:8080".into(),
+            rules_dir: "rules".into(),
+            data_dir: "data".into(),
+            store: StoreConfig::default(),
+            auth: AuthConfig::default(),
+        }
+    }
+}
+
+/// A configuration that cannot be used. Each names where the problem is.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("{file}:{line}: {message}")]
+    Invalid {
+        file: String,
+        line: usize,
+        message: String,
+    },
+    #[error("environment {var}: {message}")]
+    Env { var: &'static str, message: String },
+}
+
+impl Config {
+    /// Reads `path`, applies the environment, validates. Relative `rules_dir` and
+    /// `data_dir` are taken relative to the working directory, as an operator expects
+    /// from `cargo run` in the repository.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Config::from_toml(&file, &text)?
+            .with_env(|k| std::env::var(k).ok())?
+            .validated()
+    }
+
+    /// Parses and validates the file's text; `file` names it in errors.
+    pub fn from_toml(file: &str, text: &str) -> Result<Config, ConfigError> {
+        let config = toml::from_str::<Config>(text).map_err(|e| ConfigError::Invalid {
+            file: file.to_string(),
+            line: e.span().map(|s| line_of(text, s.start)).unwrap_or(0),
+            message: e.message().trim().to_string(),
+        })?;
+        match config.problems().into_iter().next() {
+            None => Ok(config),
+            Some((field, message)) => Err(ConfigError::Invalid {
+                file: file.to_string(),
+                line: line_of_key(text, field),
+                message: format!("{field}: {message}"),
+            }),
+        }
+    }
+
+    /// Applies the `VIGIA_*` overrides read through `get`.
+    pub fn with_env(
+        mut self,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        if let Some(v) = get("VIGIA_LISTEN") {
+            self.listen = v;
+        }
+        if let Some(v) = get("VIGIA_RULES_DIR") {
+            self.rules_dir = v.into();
+        }
+        if let Some(v) = get("VIGIA_DATA_DIR") {
+            self.data_dir = v.into();
+        }
+        if let Some(v) = get("VIGIA_STORE") {
+            self.store.backend = StoreBackend::parse(&v).ok_or_else(|| ConfigError::Env {
+                var: "VIGIA_STORE",
+                message: format!("{v:?} is not one of embedded, redis, redis_cluster"),
+            })?;
+        }
+        if let Some(v) = get("VIGIA_REDIS_URL") {
+            self.store.redis_url = v;
+        }
+        if let Some(v) = get("VIGIA_ADMIN_TOKEN") {
+            self.auth.admin_token = v;
+        }
+        if let Some(v) = get("VIGIA_CHECK_TOKEN") {
+            self.auth.check_token = v;
+        }
+        Ok(self)
+    }
+
+    /// Checks the values serde cannot, after the environment applied: a problem here came
+    /// from a `VIGIA_*` variable (the file was checked when it was read).
+    pub fn validated(self) -> Result<Config, ConfigError> {
+        match self.problems().into_iter().next() {
+            None => Ok(self),
+            Some((field, message)) => Err(ConfigError::Env {
+                var: match field {
+                    "listen" => "VIGIA_LISTEN",
+                    "store.redis_url" => "VIGIA_REDIS_URL",
+                    _ => "VIGIA_STORE",
+                },
+                message: format!("{field}: {message}"),
+            }),
+        }
+    }
+
+    /// Every value that is well-typed but unusable, as (field, message).
+    fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Err(m) = self.listen_addr() {
+            out.push(("listen", m));
+        }
+        if self.store.timeout_ms == 0 || self.store.timeout_ms > 60_000 {
+            out.push((
+                "store.timeout_ms",
+                format!("{} is not within 1..=60000", self.store.timeout_ms),
+            ));
+        }
+        let prefix = &self.store.key_prefix;
+        let prefix_ok = !prefix.is_empty()
+            && prefix.len() <= 64
+            && prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !prefix_ok {
+            out.push((
+                "store.key_prefix",
+                format!("{prefix:?} must be 1-64 characters of [A-Za-z0-9_]"),
+            ));
+        }
+        if self.store.backend != StoreBackend::Embedded && self.store.redis_url.trim().is_empty()
+        {
+            out.push(("store.redis_url", "empty while the backend is Redis".into()));
+        }
+        out
+    }
+
+    /// The socket address to listen on.
+    pub fn listen_addr(&self) -> Result<SocketAddr, String> {
+        self.listen.parse().map_err(|e| {
+            format!(
+                "{:?} is not an address like 127.0.0.1:8080 ({e})",
+                self.listen
+            )
+        })
+    }
+}
+
+/// The line where `field`'s last segment is assigned, or 0 when it is not in the text
+/// (a default).
+fn line_of_key(text: &str, field: &str) -> usize {
+    let leaf = field.rsplit('.').next().unwrap_or(field);
+    text.lines()
+        .position(|l| {
+            l.trim_start()
+                .strip_prefix(leaf)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map_or(0, |i| i + 1)
+}
+
+/// 1-based line of a byte offset.
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_shape_parses() {
+        let c = Config::from_toml(
+            "config.toml",
+            r#"
+listen = "127.0.0.1:9000"
+rules_dir = "rules"
+data_dir = "data"
+[store]
+backend = "redis"
+redis_url = "redis://127.0.0.1:6380"
+timeout_ms = 50
+key_prefix = "lt"
+[auth]
+admin_token = ""
+check_token = ""
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.store.backend, StoreBackend::Redis);
+        assert_eq!(c.listen_addr().unwrap().port(), 9000);
+    }
+
+    #[test]
+    fn unknown_field_names_file_and_line() {
+        let err = Config::from_toml("c.toml", "listen = \"127.0.0.1:1\"\n[store]\ntimeout = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("c.toml:3:"), "{err}");
+        assert!(err.contains("timeout"), "{err}");
+    }
+
+    #[test]
+    fn bad_backend_names_line() {
+        let err = Config::from_toml("c.toml", "[store]\nbackend = \"memcached\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("c.toml:2:"), "{err}");
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let c = Config::default()
+            .with_env(|k| match k {
+                "VIGIA_LISTEN" => Some("127.0.0.1:7000".into()),
+                "VIGIA_STORE" => Some("redis".into()),
+                "VIGIA_REDIS_URL" => Some("redis://127.0.0.1:7001".into()),
+                "VIGIA_CHECK_TOKEN" => Some("t".into()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(c.listen, "127.0.0.1:7000");
+        assert_eq!(c.store.backend, StoreBackend::Redis);
+        assert_eq!(c.store.redis_url, "redis://127.0.0.1:7001");
+        assert_eq!(c.auth.check_token, "t");
+        let err = Config::default()
+            .with_env(|k| (k == "VIGIA_STORE").then(|| "nope".into()))
+            .unwrap_err();
+        assert!(err.to_string().contains("VIGIA_STORE"));
+    }
+
+    #[test]
+    fn invalid_values_name_file_line_and_field() {
+        let err = Config::from_toml("c.toml", "listen = \"127.0.0.1:1\"\n[store]\ntimeout_ms = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("c.toml:3: store.timeout_ms"), "{err}");
+        let err = Config::from_toml("c.toml", "[store]\nkey_prefix = \"lt:x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("c.toml:2: store.key_prefix"), "{err}");
+        let err = Config::from_toml("c.toml", "listen = \"nowhere\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("c.toml:1: listen"), "{err}");
+    }
+
+    #[test]
+    fn invalid_environment_names_the_variable() {
+        let err = Config::default()
+            .with_env(|k| (k == "VIGIA_LISTEN").then(|| "nowhere".into()))
+            .unwrap()
+            .validated()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("VIGIA_LISTEN"), "{err}");
+    }
+}

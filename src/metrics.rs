@@ -1,0 +1,139 @@
+//! Telemetry: an app-owned Prometheus registry and one method per named event.
+//!
+//! Labels stay bounded: scenes, limits and reasons come from the rule set (never from the
+//! request), decisions and layers are fixed sets.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// The service's metrics.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    decisions: IntCounterVec,
+    blocks: IntCounterVec,
+    check_latency: HistogramVec,
+    store_errors: IntCounterVec,
+    degraded: IntCounterVec,
+    rule_reloads: IntCounterVec,
+    rules_loaded: IntGaugeVec,
+}
+
+/// Check latency buckets, seconds: sub-millisecond answers up to the store timeout and past.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Builds the registry. The names and label sets are constants, so registration
+    /// cannot fail; a failure would be a programming error caught by every test.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let decisions = counter(
+            "vigia_decisions_total",
+            "Check decisions by scene, decision, layer and reason.",
+            &["scene", "decision", "layer", "reason"],
+        );
+        let blocks = counter(
+            "vigia_blocks_total",
+            "Limits exceeded, by scene, limit and dimension.",
+            &["scene", "limit", "dimension"],
+        );
+        let store_errors = counter(
+            "vigia_store_errors_total",
+            "Store calls that failed, by store and kind.",
+            &["store", "kind"],
+        );
+        let degraded = counter(
+            "vigia_degraded_decisions_total",
+            "Decisions taken without the store, by scene and policy.",
+            &["scene", "policy"],
+        );
+        let rule_reloads = counter(
+            "vigia_rule_reloads_total",
+            "Rule set loads by result.",
+            &["result"],
+        );
+        let check_latency = HistogramVec::new(
+            HistogramOpts::new("vigia_check_duration_seconds", "Check latency by scene.")
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            &["scene"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(check_latency.clone()))
+            .expect("unique metric");
+        let rules_loaded = IntGaugeVec::new(
+            Opts::new("vigia_rules_info", "The loaded rule set version (value 1)."),
+            &["version"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(rules_loaded.clone()))
+            .expect("unique metric");
+        Metrics {
+            registry,
+            decisions,
+            blocks,
+            check_latency,
+            store_errors,
+            degraded,
+            rule_reloads,
+            rules_loaded,
+        }
+    }
+
+    pub fn decision(&self, scene: &str, decision: &str, layer: &str, reason: &str) {
+        self.decisions
+            .with_label_values(&[scene, decision, layer, reason])
+            .inc();
+    }
+
+    pub fn block(&self, scene: &str, limit: &str, dimension: &str) {
+        self.blocks.with_label_values(&[scene, limit, dimension]).inc();
+    }
+
+    pub fn check_latency(&self, scene: &str, seconds: f64) {
+        self.check_latency
+            .with_label_values(&[scene])
+            .observe(seconds);
+    }
+
+    pub fn store_error(&self, store: &str, kind: &str) {
+        self.store_errors.with_label_values(&[store, kind]).inc();
+    }
+
+    pub fn degraded(&self, scene: &str, policy: &str) {
+        self.degraded.with_label_values(&[scene, policy]).inc();
+    }
+
+    pub fn rule_reload(&self, result: &str) {
+        self.rule_reloads.with_label_values(&[result]).inc();
+    }
+
+    /// Marks `version` as the loaded rule set (and only it).
+    pub fn rules_version(&self, version: &str) {
+        self.rules_loaded.reset();
+        self.rules_loaded.with_label_values(&[version]).set(1);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec only fails on invalid metric data, which we never build.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
