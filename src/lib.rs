@@ -7,3 +7,4 @@
 pub mod clock;
 pub mod rules;
 pub mod store;
+pub mod sweep;
