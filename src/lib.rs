@@ -2,11 +2,12 @@
 //!
 //! The check path, stage by stage: `http` (actix-web) -> `check` (validate, gateway,
 //! keys, decision, response) -> `store` (one atomic round trip). `rules` holds the
-//! operators' rule set; `config` the service's own settings.
+//! operators' rule set; `config` the service's own settings; `sweep` the maintenance tool.
 
-pub mod clock;
-pub mod rules;
-pub mod store;
 pub mod check;
+pub mod clock;
 pub mod config;
 pub mod metrics;
+pub mod rules;
+pub mod store;
+pub mod sweep;

@@ -1,0 +1,316 @@
+//! `vigia keys sweep` (library side): SCAN + UNLINK in batches, never KEYS, literal prefix.
+
+use vigia::sweep::{sweep, SweepError, SweepOptions, SweepProgress};
+
+use crate::common::{free_port, RedisServer};
+
+const N: usize = 10_000;
+
+/// Creates `n` keys `lt:...` of mixed types (strings, zsets, hashes) in one pipeline.
+fn fill_lt(conn: &mut redis::Connection, n: usize) {
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        match i % 3 {
+            0 => pipe.cmd("SET").arg(format!("lt:s:{i}")).arg(i).ignore(),
+            1 => pipe
+                .cmd("ZADD")
+                .arg(format!("lt:z:{i}"))
+                .arg(i)
+                .arg(format!("m{i}"))
+                .ignore(),
+            _ => pipe
+                .cmd("HSET")
+                .arg(format!("lt:h:{i}"))
+                .arg("f")
+                .arg(i)
+                .ignore(),
+        };
+    }
+    pipe.query::<()>(conn).expect("fill pipeline");
+}
+
+fn set(conn: &mut redis::Connection, key: &[u8]) {
+    redis::cmd("SET")
+        .arg(key)
+        .arg("1")
+        .query::<()>(conn)
+        .expect("SET");
+}
+
+fn exists(conn: &mut redis::Connection, key: &[u8]) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<u64>(conn)
+        .expect("EXISTS")
+        == 1
+}
+
+fn dbsize(conn: &mut redis::Connection) -> u64 {
+    redis::cmd("DBSIZE").query(conn).expect("DBSIZE")
+}
+
+const OUTSIDE: [&[u8]; 4] = [b"other:x", b"ltx:y", b"lt", b"LT:z"];
+
+#[tokio::test]
+async fn sweep_removes_exactly_the_prefix_with_scan_and_unlink_never_keys() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    fill_lt(&mut conn, N);
+    for key in OUTSIDE {
+        set(&mut conn, key);
+    }
+    assert_eq!(dbsize(&mut conn), (N + OUTSIDE.len()) as u64);
+
+    let report = sweep(&server.url(), &SweepOptions::new("lt"), |_| {})
+        .await
+        .expect("sweep");
+
+    assert!(!report.dry_run);
+    assert_eq!(report.removed, N as u64);
+    assert!(report.matched >= N as u64, "matched {}", report.matched);
+    assert_eq!(dbsize(&mut conn), OUTSIDE.len() as u64);
+    for key in OUTSIDE {
+        assert!(
+            exists(&mut conn, key),
+            "{} was swept",
+            String::from_utf8_lossy(key)
+        );
+    }
+
+    let calls = server.command_calls();
+    assert_eq!(
+        calls.get("keys").copied().unwrap_or(0),
+        0,
+        "KEYS was sent: {calls:?}"
+    );
+    let scans = calls.get("scan").copied().unwrap_or(0);
+    let unlinks = calls.get("unlink").copied().unwrap_or(0);
+    assert!(scans > 1, "SCAN not batched: {calls:?}");
+    assert!(unlinks > 1, "UNLINK not batched: {calls:?}");
+    assert_eq!(scans, report.batches);
+    assert_eq!(
+        calls.get("del").copied().unwrap_or(0),
+        0,
+        "DEL was sent: {calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_trailing_colon_means_the_same_prefix() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    fill_lt(&mut conn, 300);
+    for key in OUTSIDE {
+        set(&mut conn, key);
+    }
+
+    let report = sweep(&server.url(), &SweepOptions::new("lt:"), |_| {})
+        .await
+        .expect("sweep");
+
+    assert_eq!(report.removed, 300);
+    assert_eq!(dbsize(&mut conn), OUTSIDE.len() as u64);
+}
+
+#[tokio::test]
+async fn a_sub_prefix_sweeps_only_its_scene() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    for i in 0..50 {
+        set(&mut conn, format!("lt:coupon_claim:u{i}").as_bytes());
+        set(&mut conn, format!("lt:coupon_claimx:u{i}").as_bytes());
+        set(&mut conn, format!("lt:login:u{i}").as_bytes());
+    }
+
+    let report = sweep(&server.url(), &SweepOptions::new("lt:coupon_claim"), |_| {})
+        .await
+        .expect("sweep");
+
+    assert_eq!(report.removed, 50);
+    assert_eq!(dbsize(&mut conn), 100);
+    assert!(exists(&mut conn, b"lt:coupon_claimx:u0"));
+    assert!(exists(&mut conn, b"lt:login:u0"));
+}
+
+#[tokio::test]
+async fn dry_run_counts_and_removes_nothing() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let n = 2_000;
+    fill_lt(&mut conn, n);
+    for key in OUTSIDE {
+        set(&mut conn, key);
+    }
+
+    let opts = SweepOptions {
+        dry_run: true,
+        ..SweepOptions::new("lt")
+    };
+    let report = sweep(&server.url(), &opts, |_| {}).await.expect("dry run");
+
+    assert!(report.dry_run);
+    // Nothing changes during this scan, so SCAN returns no duplicates here.
+    assert_eq!(report.matched, n as u64);
+    assert_eq!(report.removed, 0);
+    assert_eq!(dbsize(&mut conn), (n + OUTSIDE.len()) as u64);
+    let calls = server.command_calls();
+    assert_eq!(calls.get("unlink").copied().unwrap_or(0), 0, "{calls:?}");
+    assert_eq!(calls.get("keys").copied().unwrap_or(0), 0, "{calls:?}");
+}
+
+/// (prefix, keys under it literally, bystanders the unescaped glob `PREFIX:*` would match)
+type GlobCase = (
+    &'static str,
+    &'static [&'static [u8]],
+    &'static [&'static [u8]],
+);
+
+#[tokio::test]
+async fn glob_characters_in_the_prefix_match_only_literally() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let cases: [GlobCase; 4] = [
+        (
+            "lt*",
+            &[b"lt*:1", b"lt*:2"],
+            &[b"lt:1", b"ltx:1", b"ltabc:2"],
+        ),
+        ("l?", &[b"l?:1"], &[b"lt:1", b"lx:9"]),
+        ("[a]", &[b"[a]:1"], &[b"a:1"]),
+        (r"a\b", &[br"a\b:1"], &[b"ab:1"]),
+    ];
+    for (_, inside, outside) in cases {
+        for key in inside.iter().chain(outside.iter()) {
+            set(&mut conn, key);
+        }
+    }
+    // Sanity: the unescaped glob really would match the bystanders.
+    for (prefix, _, outside) in cases {
+        let (_, found): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(0)
+            .arg("MATCH")
+            .arg(format!("{prefix}:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query(&mut conn)
+            .expect("SCAN");
+        for key in outside {
+            assert!(
+                found.iter().any(|k| k == key),
+                "glob {prefix}:* misses a bystander"
+            );
+        }
+    }
+
+    for (prefix, inside, outside) in cases {
+        let report = sweep(&server.url(), &SweepOptions::new(prefix), |_| {})
+            .await
+            .expect("sweep");
+        assert_eq!(report.removed, inside.len() as u64, "prefix {prefix}");
+        for key in inside {
+            assert!(!exists(&mut conn, key), "prefix {prefix} left its own key");
+        }
+        for key in outside {
+            assert!(
+                exists(&mut conn, key),
+                "prefix {prefix} swept {}",
+                String::from_utf8_lossy(key)
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn binary_key_names_are_swept() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let keys: [&[u8]; 3] = [b"lt:\xff\xfe", b"lt:\x00nul", b"lt:ok"];
+    for key in keys {
+        set(&mut conn, key);
+    }
+    set(&mut conn, b"\xfflt:x");
+
+    let report = sweep(&server.url(), &SweepOptions::new("lt"), |_| {})
+        .await
+        .expect("sweep");
+
+    assert_eq!(report.removed, 3);
+    assert_eq!(dbsize(&mut conn), 1);
+}
+
+#[tokio::test]
+async fn progress_is_reported_per_batch_and_ends_at_the_report() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    fill_lt(&mut conn, 3_000);
+
+    let mut seen: Vec<SweepProgress> = Vec::new();
+    let opts = SweepOptions {
+        batch: 200,
+        ..SweepOptions::new("lt")
+    };
+    let report = sweep(&server.url(), &opts, |p| seen.push(*p))
+        .await
+        .expect("sweep");
+
+    assert!(seen.len() > 1, "progress called {} times", seen.len());
+    let last = seen.last().expect("at least one progress call");
+    assert_eq!(last.removed, report.removed);
+    assert_eq!(last.matched, report.matched);
+    assert_eq!(last.batches, report.batches);
+    assert_eq!(report.removed, 3_000);
+    assert_eq!(seen.len() as u64, report.batches);
+    for pair in seen.windows(2) {
+        assert_eq!(pair[1].batches, pair[0].batches + 1);
+        assert!(pair[1].matched >= pair[0].matched);
+        assert!(pair[1].removed >= pair[0].removed);
+    }
+}
+
+#[tokio::test]
+async fn an_empty_prefix_is_refused_before_connecting() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    set(&mut conn, b"lt:1");
+    set(&mut conn, b":x");
+
+    for prefix in ["", ":"] {
+        let err = sweep(&server.url(), &SweepOptions::new(prefix), |_| {})
+            .await
+            .expect_err("empty prefix must be refused");
+        assert!(matches!(err, SweepError::EmptyPrefix), "{err:?}");
+    }
+    assert_eq!(dbsize(&mut conn), 2);
+    let calls = server.command_calls();
+    assert_eq!(calls.get("scan").copied().unwrap_or(0), 0, "{calls:?}");
+}
+
+#[tokio::test]
+async fn a_zero_batch_is_refused() {
+    let opts = SweepOptions {
+        batch: 0,
+        ..SweepOptions::new("lt")
+    };
+    let err = sweep("redis://127.0.0.1:1", &opts, |_| {})
+        .await
+        .expect_err("zero batch");
+    assert!(matches!(err, SweepError::ZeroBatch), "{err:?}");
+}
+
+#[tokio::test]
+async fn an_unreachable_or_invalid_url_is_an_error_not_a_panic() {
+    // Nothing listens on a freshly freed port.
+    let url = format!("redis://:hunter2@127.0.0.1:{}", free_port());
+    let err = sweep(&url, &SweepOptions::new("lt"), |_| {})
+        .await
+        .expect_err("unreachable Redis");
+    assert!(matches!(err, SweepError::Connect { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("127.0.0.1"), "{msg}");
+    assert!(!msg.contains("hunter2"), "password leaked: {msg}");
+
+    let err = sweep("not a redis url", &SweepOptions::new("lt"), |_| {})
+        .await
+        .expect_err("invalid URL");
+    assert!(matches!(err, SweepError::Connect { .. }), "{err:?}");
+}
