@@ -11,3 +11,6 @@ pub mod metrics;
 pub mod rules;
 pub mod store;
 pub mod sweep;
+pub mod http;
+pub mod app;
+pub mod cli;

@@ -1,1 +1,5 @@
-fn main(){}
+//! The `vigia` binary: everything lives in the library.
+
+fn main() -> std::process::ExitCode {
+    vigia::cli::main()
+}

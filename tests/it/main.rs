@@ -3,5 +3,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod http_check;
+mod http_errors;
+mod ops;
 mod store_redis;
 mod sweep;

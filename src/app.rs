@@ -1,0 +1,130 @@
+//! The composition root: config in, a running server out. Everything the service holds
+//! (rules, store, checker, metrics) is built here, once, and handed to the HTTP layer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use actix_web::dev::ServerHandle;
+use actix_web::{web, App, HttpServer};
+use arc_swap::ArcSwapOption;
+
+use crate::check::Checker;
+use crate::config::{Config, StoreBackend};
+use crate::http::{self, AppState};
+use crate::metrics::Metrics;
+use crate::rules::{self, RuleErrors, RulesHandle};
+use crate::store::redis::RedisStore;
+use crate::store::{StoreError, WindowStore};
+
+/// Why the service could not start. Each names what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("rules in {dir}:\n{errors}")]
+    Rules { dir: String, errors: RuleErrors },
+    #[error("store ({backend}) at {url}: {source}")]
+    Store {
+        backend: &'static str,
+        url: String,
+        source: StoreError,
+    },
+    #[error("store.backend = {0:?} is not available yet; use \"redis\"")]
+    Backend(&'static str),
+    #[error("listen {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("server: {0}")]
+    Server(std::io::Error),
+}
+
+/// A built service, not yet listening.
+pub struct Service {
+    pub state: web::Data<AppState>,
+}
+
+/// Builds the service's parts from a validated config.
+pub async fn build(config: &Config) -> Result<Service, StartError> {
+    let metrics = Metrics::new();
+    let ruleset = rules::load_dir(&config.rules_dir).map_err(|errors| StartError::Rules {
+        dir: config.rules_dir.display().to_string(),
+        errors,
+    })?;
+    metrics.rule_reload("ok");
+    metrics.rules_version(&ruleset.version);
+    let store: Arc<dyn WindowStore> = match config.store.backend {
+        StoreBackend::Redis => Arc::new(
+            RedisStore::connect(&config.store.redis_url, config.store.timeout_ms)
+                .await
+                .map_err(|source| StartError::Store {
+                    backend: "redis",
+                    url: config.store.redis_url.clone(),
+                    source,
+                })?,
+        ),
+        StoreBackend::Embedded => return Err(StartError::Backend("embedded")),
+        StoreBackend::RedisCluster => return Err(StartError::Backend("redis_cluster")),
+    };
+    let checker = Checker::new(store, None, metrics.clone(), &config.store.key_prefix);
+    checker.sync_rules(&ruleset);
+    tracing::info!(version = %ruleset.version, scenes = ruleset.scenes.len(), "rules loaded");
+    let state = web::Data::new(AppState {
+        rules: Arc::new(RulesHandle::new(ruleset)),
+        checker: Arc::new(checker),
+        metrics,
+        last_rules_error: Arc::new(ArcSwapOption::empty()),
+    });
+    Ok(Service { state })
+}
+
+/// A service listening on a socket.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub handle: ServerHandle,
+    pub server: actix_web::dev::Server,
+    pub state: web::Data<AppState>,
+}
+
+/// Builds and binds the service (`listen` may use port 0); the caller awaits `server`.
+pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, StartError> {
+    let service = build(config).await?;
+    let state = service.state.clone();
+    let data = service.state;
+    let mut server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .configure(http::configure)
+    })
+    .shutdown_timeout(10);
+    if let Some(n) = workers {
+        server = server.workers(n);
+    }
+    let server = server
+        .bind(&config.listen)
+        .map_err(|source| StartError::Bind {
+            addr: config.listen.clone(),
+            source,
+        })?;
+    let addr = server
+        .addrs()
+        .first()
+        .copied()
+        .ok_or_else(|| StartError::Bind {
+            addr: config.listen.clone(),
+            source: std::io::Error::other("no address bound"),
+        })?;
+    let server = server.run();
+    Ok(Running {
+        addr,
+        handle: server.handle(),
+        server,
+        state,
+    })
+}
+
+/// Runs the service until SIGINT or SIGTERM (graceful: in-flight checks finish).
+pub async fn serve(config: &Config) -> Result<(), StartError> {
+    let running = start(config, None).await?;
+    tracing::info!(addr = %running.addr, "vigia listening");
+    running.server.await.map_err(StartError::Server)
+}

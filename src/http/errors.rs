@@ -1,0 +1,113 @@
+//! The one place errors become HTTP responses. Handlers return `Result<_, ApiError>` and
+//! use `?`; every error body is `{"error": {"code", "message", "field"}}`.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::check::RequestError;
+use crate::store::StoreError;
+
+/// An error answer of the HTTP API.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error("the body is larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("the body must be JSON (Content-Type: application/json)")]
+    UnsupportedMediaType,
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    #[error("no such route")]
+    NotFound,
+    #[error("the store cannot answer: {0}")]
+    StoreUnavailable(#[from] StoreError),
+}
+
+/// The error body's inner object.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// `invalid_json`, `unknown_scene`, `missing_dimension`, `invalid_field`,
+    /// `unauthorized`, `payload_too_large`, `unsupported_media_type`, `not_found`,
+    /// `store_unavailable`.
+    pub code: &'static str,
+    pub message: String,
+    pub field: Option<String>,
+}
+
+/// `{"error": {...}}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+impl ApiError {
+    fn code(&self) -> &'static str {
+        match self {
+            ApiError::Request(RequestError::InvalidJson(_)) => "invalid_json",
+            ApiError::Request(RequestError::UnknownScene(_)) => "unknown_scene",
+            ApiError::Request(RequestError::MissingDimension { .. }) => "missing_dimension",
+            ApiError::Request(RequestError::InvalidField { .. }) => "invalid_field",
+            ApiError::PayloadTooLarge { .. } => "payload_too_large",
+            ApiError::UnsupportedMediaType => "unsupported_media_type",
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::NotFound => "not_found",
+            ApiError::StoreUnavailable(_) => "store_unavailable",
+        }
+    }
+
+    fn field(&self) -> Option<String> {
+        match self {
+            ApiError::Request(e) => e.field().map(str::to_string),
+            _ => None,
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::Request(_) => StatusCode::BAD_REQUEST,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut resp = HttpResponse::build(self.status_code());
+        if matches!(self, ApiError::StoreUnavailable(_)) {
+            resp.insert_header(("Retry-After", "1"));
+        }
+        if matches!(self, ApiError::Unauthorized) {
+            resp.insert_header(("WWW-Authenticate", "Bearer"));
+        }
+        resp.json(ErrorBody {
+            error: ErrorDetail {
+                code: self.code(),
+                message: self.to_string(),
+                field: self.field(),
+            },
+        })
+    }
+}
+
+/// Maps actix's JSON extractor failures onto the API's errors.
+pub fn json_error(err: actix_web::error::JsonPayloadError, limit: usize) -> ApiError {
+    use actix_web::error::JsonPayloadError as E;
+    match err {
+        E::Overflow { .. } | E::OverflowKnownLength { .. } => ApiError::PayloadTooLarge { limit },
+        E::ContentType => ApiError::UnsupportedMediaType,
+        E::Deserialize(e) => ApiError::Request(RequestError::InvalidJson(format!(
+            "invalid JSON at line {} column {}: {}",
+            e.line(),
+            e.column(),
+            e
+        ))),
+        other => ApiError::Request(RequestError::InvalidJson(other.to_string())),
+    }
+}

@@ -1,0 +1,84 @@
+//! The HTTP face: one route table, one state, one error mapping (`errors`).
+//!
+//! Handlers take one rule-set snapshot each and pass it down; nothing below them reads
+//! the global handle again.
+
+pub mod check;
+pub mod errors;
+pub mod ops;
+
+use std::sync::Arc;
+
+use actix_web::{web, HttpResponse};
+use arc_swap::ArcSwapOption;
+use utoipa::OpenApi;
+
+use crate::check::Checker;
+use crate::metrics::Metrics;
+use crate::rules::RulesHandle;
+
+/// The largest body `/v1/check` and `/v1/refund` read: 64 KiB.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// Everything a handler may use.
+pub struct AppState {
+    pub rules: Arc<RulesHandle>,
+    pub checker: Arc<Checker>,
+    pub metrics: Metrics,
+    pub last_rules_error: Arc<ArcSwapOption<ops::RulesError>>,
+}
+
+/// Every route: (method, path). `/openapi.json` documents exactly these (tested).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("post", "/v1/check"),
+    ("post", "/v1/refund"),
+    ("get", "/v1/rules"),
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+    ("get", "/openapi.json"),
+];
+
+/// The OpenAPI document.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "vigia", description = "Multi-dimensional rate limiting and risk scoring for marketing APIs."),
+    paths(check::check, check::refund, ops::rules, ops::healthz, ops::readyz, ops::metrics, ops::openapi),
+    components(schemas(
+        crate::check::decision::CheckResponse,
+        crate::check::decision::Verdict,
+        crate::check::decision::LimitReport,
+        crate::check::decision::SignalReport,
+        crate::check::decision::TrustReport,
+        check::CheckBody,
+        check::RefundBody,
+        check::RefundAnswer,
+        errors::ErrorBody,
+        errors::ErrorDetail,
+        ops::Ready,
+        ops::Health,
+        ops::RulesInfo,
+        ops::RulesError,
+    ))
+)]
+pub struct ApiDoc;
+
+/// Registers every route of [`ROUTES`] on an actix app.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    let json = web::JsonConfig::default()
+        .limit(MAX_BODY)
+        .error_handler(|err, _req| errors::json_error(err, MAX_BODY).into());
+    cfg.app_data(json)
+        .route("/v1/check", web::post().to(check::check))
+        .route("/v1/refund", web::post().to(check::refund))
+        .route("/v1/rules", web::get().to(ops::rules))
+        .route("/healthz", web::get().to(ops::healthz))
+        .route("/readyz", web::get().to(ops::readyz))
+        .route("/metrics", web::get().to(ops::metrics))
+        .route("/openapi.json", web::get().to(ops::openapi))
+        .default_service(web::to(not_found));
+}
+
+async fn not_found() -> Result<HttpResponse, errors::ApiError> {
+    Err(errors::ApiError::NotFound)
+}

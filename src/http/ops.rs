@@ -1,0 +1,95 @@
+//! Operations endpoints: liveness, readiness, metrics, the loaded rules, the API spec.
+
+use actix_web::{web, HttpResponse};
+use serde::Serialize;
+use utoipa::{OpenApi, ToSchema};
+
+use super::AppState;
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    pub status: &'static str,
+}
+
+/// `GET /readyz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Ready {
+    pub ready: bool,
+    pub rules_version: String,
+    pub store: &'static str,
+    /// What is wrong, when not ready.
+    pub problems: Vec<String>,
+}
+
+/// The last rule load that failed.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RulesError {
+    pub file: String,
+    pub line: usize,
+    pub message: String,
+    pub at: String,
+}
+
+/// `GET /v1/rules`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RulesInfo {
+    pub version: String,
+    pub loaded_at: String,
+    pub scenes: Vec<String>,
+    pub last_error: Option<RulesError>,
+}
+
+/// 200 while the process runs.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, body = Health)))]
+pub async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(Health { status: "ok" })
+}
+
+/// 200 when rules are loaded and the store answers; 503 with what is wrong otherwise.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = Ready), (status = 503, body = Ready)))]
+pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    let rules = state.rules.current();
+    let store = state.checker.store();
+    let mut problems = Vec::new();
+    if let Err(e) = store.ping().await {
+        problems.push(format!("store ({}): {e}", store.kind()));
+    }
+    let body = Ready {
+        ready: problems.is_empty(),
+        rules_version: rules.version.clone(),
+        store: store.kind(),
+        problems,
+    };
+    if body.ready {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::ServiceUnavailable().json(body)
+    }
+}
+
+/// Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", responses((status = 200, content_type = "text/plain", body = String)))]
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(state.metrics.render())
+}
+
+/// The rule set in force.
+#[utoipa::path(get, path = "/v1/rules", responses((status = 200, body = RulesInfo)))]
+pub async fn rules(state: web::Data<AppState>) -> HttpResponse {
+    let rules = state.rules.current();
+    HttpResponse::Ok().json(RulesInfo {
+        version: rules.version.clone(),
+        loaded_at: rules.loaded_at.to_rfc3339(),
+        scenes: rules.scenes.keys().cloned().collect(),
+        last_error: state.last_rules_error.load_full().map(|e| (*e).clone()),
+    })
+}
+
+/// This API as OpenAPI 3.
+#[utoipa::path(get, path = "/openapi.json", responses((status = 200, body = Object)))]
+pub async fn openapi() -> HttpResponse {
+    HttpResponse::Ok().json(super::ApiDoc::openapi())
+}
