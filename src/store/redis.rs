@@ -1,1 +1,358 @@
-//! Redis implementation of the window store (in progress).
+//! The Redis window store: every limit of a check in one EVALSHA of `lua/check.lua`.
+//!
+//! The scripts are embedded at compile time and loaded with SCRIPT LOAD at start-up, so a
+//! Redis that is missing at start is an error then, not on the first request. A check is
+//! one EVALSHA, nothing else; when Redis answers NOSCRIPT (restarted, failed over, SCRIPT
+//! FLUSH), [`redis::ScriptInvocation::invoke_async`] loads the script and retries once.
+//!
+//! Time is Redis `TIME`, read inside the script, so nodes with skewed clocks agree; a test
+//! may inject a [`Clock`] with [`RedisStore::with_clock`] instead.
+//!
+//! Every call runs under our own deadline (`tokio::time::timeout`): the client's response
+//! timeout counts time queued in its multiplexer and does not bound a reconnect. A call that
+//! timed out may still have run on Redis; its request id is known, so a caller can refund it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+
+use super::{CheckOp, CheckOutcome, LimitState, RefundOp, StoreError, WindowStore};
+use crate::clock::Clock;
+use crate::rules::Algorithm;
+
+/// The check script; its header documents KEYS, ARGV and the reply.
+const CHECK_LUA: &str = include_str!("../../lua/check.lua");
+/// The refund script; its header documents KEYS, ARGV and the reply.
+const REFUND_LUA: &str = include_str!("../../lua/refund.lua");
+
+/// Start-up (connect + SCRIPT LOAD) gets at least this long, whatever the per-call
+/// timeout: a 50 ms request budget is too tight for a TCP connect plus two loads.
+const STARTUP_MIN_MS: u64 = 1000;
+
+/// Reconnect attempts per connection loss. Each attempt is bounded by the connection
+/// timeout; requests meanwhile fail on their own deadline, and the next request after a
+/// failed round of attempts starts another.
+const RECONNECT_RETRIES: usize = 3;
+
+/// A [`WindowStore`] on one Redis (standalone or a failover pair behind one address).
+pub struct RedisStore {
+    conn: ConnectionManager,
+    check_script: Script,
+    refund_script: Script,
+    timeout: Duration,
+    timeout_ms: u64,
+    /// Tests only: `Some` replaces Redis `TIME` with this clock.
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("conn", &self.conn)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("injected_clock", &self.clock.is_some())
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://host:port[/db]`) and loads both scripts.
+    ///
+    /// `timeout_ms` bounds every later store call and each connection attempt; start-up
+    /// itself gets `max(timeout_ms, 1 s)`. A Redis that does not answer is an error here.
+    pub async fn connect(url: &str, timeout_ms: u64) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url)
+            .map_err(|e| StoreError::Unavailable(format!("invalid redis url {url:?}: {e}")))?;
+        let timeout_ms = timeout_ms.max(1);
+        let timeout = Duration::from_millis(timeout_ms);
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(RECONNECT_RETRIES);
+        let check_script = Script::new(CHECK_LUA);
+        let refund_script = Script::new(REFUND_LUA);
+
+        let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
+        let conn = tokio::time::timeout(Duration::from_millis(startup_ms), async {
+            let mut conn = ConnectionManager::new_with_config(client, config).await?;
+            check_script.load_async(&mut conn).await?;
+            refund_script.load_async(&mut conn).await?;
+            Ok::<_, RedisError>(conn)
+        })
+        .await
+        .map_err(|_| StoreError::Timeout(startup_ms))?
+        .map_err(|e| map_redis_error(e, timeout_ms))?;
+
+        Ok(RedisStore {
+            conn,
+            check_script,
+            refund_script,
+            timeout,
+            timeout_ms,
+            clock: None,
+        })
+    }
+
+    /// TEST ONLY: take "now" from `clock` instead of Redis `TIME`, so a test can cross
+    /// window edges without sleeping. Expiries still run on Redis's own clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Runs `fut` under the store deadline, mapping both failure layers to [`StoreError`].
+    async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(result) => result.map_err(|e| map_redis_error(e, self.timeout_ms)),
+            Err(_) => Err(StoreError::Timeout(self.timeout_ms)),
+        }
+    }
+
+    /// The `now` argument of the scripts: empty means "read Redis TIME".
+    fn now_arg(&self) -> String {
+        self.clock
+            .as_ref()
+            .map(|c| c.now_ms().to_string())
+            .unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl WindowStore for RedisStore {
+    async fn check(&self, op: &CheckOp) -> Result<CheckOutcome, StoreError> {
+        let mut inv = self.check_script.prepare_invoke();
+        inv.key(&op.record_key);
+        // KEYS stay positional: without an idempotency key, the record key stands in and
+        // ARGV[3] tells the script to ignore it.
+        inv.key(op.idempotency_key.as_deref().unwrap_or(&op.record_key));
+        for limit in &op.limits {
+            inv.key(&limit.key);
+        }
+        inv.arg(&op.request_id)
+            .arg(if op.dry_run { "1" } else { "0" })
+            .arg(if op.idempotency_key.is_some() {
+                "1"
+            } else {
+                "0"
+            })
+            .arg(op.record_ttl_ms)
+            .arg(self.now_arg());
+        for limit in &op.limits {
+            // A zero window would divide by zero in the script; the rule compiler rejects
+            // it, this only keeps a bad op from turning into a script error.
+            let window_ms = limit.window_ms.max(1);
+            inv.arg(algo_code(limit.algorithm))
+                .arg(window_ms)
+                .arg(limit.max)
+                .arg(limit.retain_ms.max(window_ms));
+        }
+
+        let mut conn = self.conn.clone();
+        let reply: Value = self.bounded(inv.invoke_async(&mut conn)).await?;
+        parse_check_reply(reply, op.limits.len())
+    }
+
+    async fn refund(&self, op: &RefundOp) -> Result<bool, StoreError> {
+        let mut inv = self.refund_script.prepare_invoke();
+        inv.key(&op.record_key);
+        for key in &op.keys {
+            inv.key(key);
+        }
+        inv.arg(&op.request_id);
+
+        let mut conn = self.conn.clone();
+        let reply: Value = self.bounded(inv.invoke_async(&mut conn)).await?;
+        match reply {
+            Value::Int(1) => Ok(true),
+            Value::Int(0) => Ok(false),
+            other => Err(StoreError::Protocol(format!(
+                "refund.lua replied {other:?}, expected 0 or 1"
+            ))),
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let reply: Value = self
+            .bounded(redis::cmd("PING").query_async(&mut conn))
+            .await?;
+        match reply {
+            Value::SimpleString(s) if s == "PONG" => Ok(()),
+            Value::BulkString(b) if b == b"PONG" => Ok(()),
+            other => Err(StoreError::Protocol(format!("PING replied {other:?}"))),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+}
+
+/// The one-letter algorithm code check.lua reads.
+fn algo_code(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::SlidingWindow => "s",
+        Algorithm::FixedWindow => "f",
+        Algorithm::TokenBucket => "t",
+    }
+}
+
+/// Which [`StoreError`] a client error is: the store not answering (retry later, apply the
+/// scene's policy) versus a reply we cannot use (a bug or a foreign key shape).
+///
+/// The client's own timeouts (response, connection) count as [`StoreError::Timeout`] like
+/// ours; `BUSY` (another script running too long) is the store not answering, too.
+fn map_redis_error(e: RedisError, timeout_ms: u64) -> StoreError {
+    if e.is_timeout() {
+        return StoreError::Timeout(timeout_ms);
+    }
+    if e.code() == Some("BUSY") {
+        return StoreError::Unavailable(e.to_string());
+    }
+    match e.kind() {
+        ErrorKind::Io
+        | ErrorKind::AuthenticationFailed
+        | ErrorKind::InvalidClientConfig
+        | ErrorKind::ClusterConnectionNotFound
+        | ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::NoScript,
+        ) => StoreError::Unavailable(e.to_string()),
+        _ if e.is_connection_dropped() || e.is_connection_refusal() => {
+            StoreError::Unavailable(e.to_string())
+        }
+        _ => StoreError::Protocol(e.to_string()),
+    }
+}
+
+/// Turns check.lua's flat reply into a [`CheckOutcome`]; see the script header.
+fn parse_check_reply(reply: Value, n_limits: usize) -> Result<CheckOutcome, StoreError> {
+    let bad = |why: &str| StoreError::Protocol(format!("check.lua reply: {why}"));
+    let Value::Array(items) = reply else {
+        return Err(bad(&format!("expected an array, got {reply:?}")));
+    };
+    let mut it = items.into_iter();
+    let kind = it.next().map(as_text).transpose()?.unwrap_or_default();
+    let dup_of = it.next().map(as_text).transpose()?.unwrap_or_default();
+    let n = it.next().map(as_int).transpose()?.unwrap_or(-1);
+
+    if kind == "dup" {
+        if dup_of.is_empty() {
+            return Err(bad("duplicate without the counted request id"));
+        }
+        return Ok(CheckOutcome::Duplicate { of: dup_of });
+    }
+    if usize::try_from(n).ok() != Some(n_limits) {
+        return Err(bad(&format!("{n} limit states for {n_limits} limits")));
+    }
+    let rest: Vec<Value> = it.collect();
+    if rest.len() != 3 * n_limits {
+        return Err(bad(&format!(
+            "{} values for {n_limits} limit states",
+            rest.len()
+        )));
+    }
+    let limits = rest
+        .chunks_exact(3)
+        .map(|c| {
+            let count = as_int(c[0].clone())?;
+            let exceeded = as_int(c[1].clone())?;
+            let retry = as_int(c[2].clone())?;
+            Ok(LimitState {
+                count: u64::try_from(count).map_err(|_| bad("negative count"))?,
+                exceeded: exceeded != 0,
+                retry_after_ms: u64::try_from(retry).map_err(|_| bad("negative retry"))?,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+
+    match kind.as_str() {
+        "allow" => Ok(CheckOutcome::Allowed { limits }),
+        "deny" => Ok(CheckOutcome::Denied { limits }),
+        other => Err(bad(&format!("unknown decision {other:?}"))),
+    }
+}
+
+fn as_text(v: Value) -> Result<String, StoreError> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b)
+            .map_err(|_| StoreError::Protocol("check.lua reply: non-UTF-8 text".into())),
+        Value::SimpleString(s) => Ok(s),
+        other => Err(StoreError::Protocol(format!(
+            "check.lua reply: expected text, got {other:?}"
+        ))),
+    }
+}
+
+fn as_int(v: Value) -> Result<i64, StoreError> {
+    match v {
+        Value::Int(i) => Ok(i),
+        other => Err(StoreError::Protocol(format!(
+            "check.lua reply: expected an integer, got {other:?}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn parses_allow_deny_and_dup() {
+        let allow = Value::Array(vec![
+            bulk("allow"),
+            bulk(""),
+            Value::Int(1),
+            Value::Int(2),
+            Value::Int(0),
+            Value::Int(0),
+        ]);
+        assert_eq!(
+            parse_check_reply(allow, 1).unwrap(),
+            CheckOutcome::Allowed {
+                limits: vec![LimitState {
+                    count: 2,
+                    exceeded: false,
+                    retry_after_ms: 0
+                }]
+            }
+        );
+        let dup = Value::Array(vec![bulk("dup"), bulk("r1"), Value::Int(0)]);
+        assert_eq!(
+            parse_check_reply(dup, 3).unwrap(),
+            CheckOutcome::Duplicate { of: "r1".into() }
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_replies() {
+        assert!(matches!(
+            parse_check_reply(Value::Int(1), 0),
+            Err(StoreError::Protocol(_))
+        ));
+        let short = Value::Array(vec![bulk("deny"), bulk(""), Value::Int(2), Value::Int(1)]);
+        assert!(matches!(
+            parse_check_reply(short, 2),
+            Err(StoreError::Protocol(_))
+        ));
+        let odd = Value::Array(vec![bulk("maybe"), bulk(""), Value::Int(0)]);
+        assert!(matches!(
+            parse_check_reply(odd, 0),
+            Err(StoreError::Protocol(_))
+        ));
+    }
+}
