@@ -90,12 +90,9 @@ pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, S
     let service = build(config).await?;
     let state = service.state.clone();
     let data = service.state;
-    let mut server = HttpServer::new(move || {
-        App::new()
-            .app_data(data.clone())
-            .configure(http::configure)
-    })
-    .shutdown_timeout(10);
+    let mut server =
+        HttpServer::new(move || App::new().app_data(data.clone()).configure(http::configure))
+            .shutdown_timeout(10);
     if let Some(n) = workers {
         server = server.workers(n);
     }

@@ -134,7 +134,10 @@ fn keys_sweep(url: &str, prefix: String, dry_run: bool, batch: usize) -> ExitCod
         dry_run,
         batch,
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("vigia: {e}");

@@ -136,10 +136,7 @@ impl Config {
     }
 
     /// Applies the `VIGIA_*` overrides read through `get`.
-    pub fn with_env(
-        mut self,
-        get: impl Fn(&str) -> Option<String>,
-    ) -> Result<Config, ConfigError> {
+    pub fn with_env(mut self, get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         if let Some(v) = get("VIGIA_LISTEN") {
             self.listen = v;
         }
@@ -198,15 +195,16 @@ impl Config {
         let prefix = &self.store.key_prefix;
         let prefix_ok = !prefix.is_empty()
             && prefix.len() <= 64
-            && prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            && prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_');
         if !prefix_ok {
             out.push((
                 "store.key_prefix",
                 format!("{prefix:?} must be 1-64 characters of [A-Za-z0-9_]"),
             ));
         }
-        if self.store.backend != StoreBackend::Embedded && self.store.redis_url.trim().is_empty()
-        {
+        if self.store.backend != StoreBackend::Embedded && self.store.redis_url.trim().is_empty() {
             out.push(("store.redis_url", "empty while the backend is Redis".into()));
         }
         out
@@ -238,7 +236,11 @@ fn line_of_key(text: &str, field: &str) -> usize {
 
 /// 1-based line of a byte offset.
 pub(crate) fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+    text[..offset.min(text.len())]
+        .bytes()
+        .filter(|&b| b == b'\n')
+        .count()
+        + 1
 }
 
 #[cfg(test)]
@@ -308,9 +310,12 @@ check_token = ""
 
     #[test]
     fn invalid_values_name_file_line_and_field() {
-        let err = Config::from_toml("c.toml", "listen = \"127.0.0.1:1\"\n[store]\ntimeout_ms = 0\n")
-            .unwrap_err()
-            .to_string();
+        let err = Config::from_toml(
+            "c.toml",
+            "listen = \"127.0.0.1:1\"\n[store]\ntimeout_ms = 0\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.starts_with("c.toml:3: store.timeout_ms"), "{err}");
         let err = Config::from_toml("c.toml", "[store]\nkey_prefix = \"lt:x\"\n")
             .unwrap_err()

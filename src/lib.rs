@@ -4,13 +4,13 @@
 //! keys, decision, response) -> `store` (one atomic round trip). `rules` holds the
 //! operators' rule set; `config` the service's own settings; `sweep` the maintenance tool.
 
+pub mod app;
 pub mod check;
+pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod http;
 pub mod metrics;
 pub mod rules;
 pub mod store;
 pub mod sweep;
-pub mod http;
-pub mod app;
-pub mod cli;

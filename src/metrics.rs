@@ -38,7 +38,9 @@ impl Metrics {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry.register(Box::new(c.clone())).expect("unique metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
             c
         };
         let decisions = counter(
@@ -102,7 +104,9 @@ impl Metrics {
     }
 
     pub fn block(&self, scene: &str, limit: &str, dimension: &str) {
-        self.blocks.with_label_values(&[scene, limit, dimension]).inc();
+        self.blocks
+            .with_label_values(&[scene, limit, dimension])
+            .inc();
     }
 
     pub fn check_latency(&self, scene: &str, seconds: f64) {

@@ -62,7 +62,11 @@ impl Checker {
     }
 
     /// Validates and decides one `/v1/check` body.
-    pub async fn check(&self, rules: &RuleSet, body: &Value) -> Result<CheckResponse, RequestError> {
+    pub async fn check(
+        &self,
+        rules: &RuleSet,
+        body: &Value,
+    ) -> Result<CheckResponse, RequestError> {
         let started = Instant::now();
         let req = request::parse_check(rules, body)?;
         let resp = self.decide(rules, &req).await;
@@ -181,7 +185,9 @@ impl Checker {
             }
             let retain = applied
                 .iter()
-                .filter(|o| o.op.algorithm == Algorithm::SlidingWindow && o.op.key == applied[i].op.key)
+                .filter(|o| {
+                    o.op.algorithm == Algorithm::SlidingWindow && o.op.key == applied[i].op.key
+                })
                 .map(|o| o.op.window_ms)
                 .max()
                 .unwrap_or(applied[i].op.window_ms);
@@ -189,7 +195,10 @@ impl Checker {
         }
         let op = CheckOp {
             record_key: ks.record_key(&req.request_id),
-            idempotency_key: req.idempotency_key.as_deref().map(|k| ks.idempotency_key(k)),
+            idempotency_key: req
+                .idempotency_key
+                .as_deref()
+                .map(|k| ks.idempotency_key(k)),
             request_id: req.request_id.clone(),
             record_ttl_ms: record_ttl_ms(scene),
             dry_run: req.dry_run,
@@ -216,7 +225,11 @@ impl Checker {
 
     /// Validates a `/v1/refund` body and gives the request's quota back in every key it
     /// counted in. `Ok(false)` when the store does not know the request.
-    pub async fn refund(&self, rules: &RuleSet, body: &Value) -> Result<Result<bool, StoreError>, RequestError> {
+    pub async fn refund(
+        &self,
+        rules: &RuleSet,
+        body: &Value,
+    ) -> Result<Result<bool, StoreError>, RequestError> {
         let req = request::parse_refund(rules, body)?;
         let ks = KeySpace {
             prefix: &self.key_prefix,
@@ -229,7 +242,8 @@ impl Checker {
         };
         let result = self.store.refund(&op).await;
         if let Err(e) = &result {
-            self.metrics.store_error(self.store.kind(), store_error_kind(e));
+            self.metrics
+                .store_error(self.store.kind(), store_error_kind(e));
         }
         Ok(result)
     }

@@ -99,7 +99,12 @@ fn id(obj: &Map<String, Value>, field: &str) -> Result<Option<String>, RequestEr
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(s)) => s.clone(),
         Some(Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
-        Some(_) => return Err(RequestError::invalid(field, "must be a string or an integer")),
+        Some(_) => {
+            return Err(RequestError::invalid(
+                field,
+                "must be a string or an integer",
+            ))
+        }
     };
     if s.is_empty() {
         return Err(RequestError::invalid(field, "must not be empty"));
@@ -122,7 +127,8 @@ fn request_id(obj: &Map<String, Value>) -> Result<String, RequestError> {
         None | Some(Value::Null) => Ok(ulid::Ulid::generate().to_string()),
         Some(Value::String(s))
             if (1..=64).contains(&s.len())
-                && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') =>
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') =>
         {
             Ok(s.clone())
         }
@@ -195,7 +201,9 @@ pub fn parse_check(rules: &RuleSet, body: &Value) -> Result<CheckRequest, Reques
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(
             DateTime::parse_from_rfc3339(s)
-                .map_err(|e| RequestError::invalid("user_created_at", format!("not RFC 3339: {e}")))?
+                .map_err(|e| {
+                    RequestError::invalid("user_created_at", format!("not RFC 3339: {e}"))
+                })?
                 .with_timezone(&Utc),
         ),
         Some(_) => return Err(RequestError::invalid("user_created_at", "must be a string")),

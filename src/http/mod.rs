@@ -42,8 +42,19 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// The OpenAPI document.
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "vigia", description = "Multi-dimensional rate limiting and risk scoring for marketing APIs."),
-    paths(check::check, check::refund, ops::rules, ops::healthz, ops::readyz, ops::metrics, ops::openapi),
+    info(
+        title = "vigia",
+        description = "Multi-dimensional rate limiting and risk scoring for marketing APIs."
+    ),
+    paths(
+        check::check,
+        check::refund,
+        ops::rules,
+        ops::healthz,
+        ops::readyz,
+        ops::metrics,
+        ops::openapi
+    ),
     components(schemas(
         crate::check::decision::CheckResponse,
         crate::check::decision::Verdict,

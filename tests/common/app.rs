@@ -80,10 +80,12 @@ pub async fn spawn_app_with(redis: RedisServer, rule_files: &[(&str, &str)]) -> 
         std::fs::write(rules_dir.path().join(name), text).expect("write rule file");
     }
     let data_dir = tempfile::tempdir().expect("data dir");
-    let mut config = Config::default();
-    config.listen = "127.0.0.1:0".into();
-    config.rules_dir = rules_dir.path().to_path_buf();
-    config.data_dir = data_dir.path().to_path_buf();
+    let mut config = Config {
+        listen: "127.0.0.1:0".into(),
+        rules_dir: rules_dir.path().to_path_buf(),
+        data_dir: data_dir.path().to_path_buf(),
+        ..Config::default()
+    };
     config.store.backend = StoreBackend::Redis;
     config.store.redis_url = redis.url();
     config.store.timeout_ms = 200;
@@ -120,7 +122,14 @@ device_id = {{ pattern = "^[A-Za-z0-9_-]{{8,64}}$" }}
 }
 
 /// One `[[scene.s.limits]]` block.
-pub fn limit(name: &str, dims: &str, algorithm: &str, window: &str, max: u64, layer: &str) -> String {
+pub fn limit(
+    name: &str,
+    dims: &str,
+    algorithm: &str,
+    window: &str,
+    max: u64,
+    layer: &str,
+) -> String {
     format!(
         r#"
 [[scene.s.limits]]

@@ -7,8 +7,22 @@ use crate::common::{body, limit, scene, spawn_app};
 fn user_and_device_rules() -> String {
     scene(&format!(
         "{}{}{}",
-        limit("user_10s", "\"user\"", "sliding_window", "10s", 2, "business"),
-        limit("device_1d", "\"device\"", "sliding_window", "1d", 5, "security"),
+        limit(
+            "user_10s",
+            "\"user\"",
+            "sliding_window",
+            "10s",
+            2,
+            "business"
+        ),
+        limit(
+            "device_1d",
+            "\"device\"",
+            "sliding_window",
+            "1d",
+            5,
+            "security"
+        ),
         limit("ip_1m", "\"ip\"", "fixed_window", "1m", 100, "business"),
     ))
 }
@@ -39,7 +53,10 @@ async fn allow_then_friendly_deny_with_headers_and_message() {
     let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=10).contains(&retry), "Retry-After {retry}");
     assert_eq!(h["ratelimit-policy"], "\"user_10s\";q=2;w=10");
-    assert!(h["ratelimit"].to_str().unwrap().starts_with("\"user_10s\";r=0;t="));
+    assert!(h["ratelimit"]
+        .to_str()
+        .unwrap()
+        .starts_with("\"user_10s\";r=0;t="));
     let b: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(b["decision"], "friendly_deny");
     assert_eq!(b["layer"], "business");
@@ -59,8 +76,22 @@ async fn allow_then_friendly_deny_with_headers_and_message() {
 async fn a_silent_deny_looks_like_an_allow_on_the_wire() {
     let rules = scene(&format!(
         "{}{}",
-        limit("user_10s", "\"user\"", "sliding_window", "10s", 1, "business"),
-        limit("device_1d", "\"device\"", "sliding_window", "1d", 1, "security"),
+        limit(
+            "user_10s",
+            "\"user\"",
+            "sliding_window",
+            "10s",
+            1,
+            "business"
+        ),
+        limit(
+            "device_1d",
+            "\"device\"",
+            "sliding_window",
+            "1d",
+            1,
+            "security"
+        ),
     ));
     let app = spawn_app(&[("s.toml", &rules)]).await;
     let allow = app.post("/v1/check", &body("a")).await;
@@ -82,8 +113,22 @@ async fn a_silent_deny_looks_like_an_allow_on_the_wire() {
 async fn security_outranks_business() {
     let rules = scene(&format!(
         "{}{}",
-        limit("user_10s", "\"user\"", "sliding_window", "10s", 1, "business"),
-        limit("device_1d", "\"device\"", "sliding_window", "1d", 1, "security"),
+        limit(
+            "user_10s",
+            "\"user\"",
+            "sliding_window",
+            "10s",
+            1,
+            "business"
+        ),
+        limit(
+            "device_1d",
+            "\"device\"",
+            "sliding_window",
+            "1d",
+            1,
+            "security"
+        ),
     ));
     let app = spawn_app(&[("s.toml", &rules)]).await;
     app.check(body("a")).await;
@@ -99,7 +144,12 @@ async fn security_outranks_business() {
 #[actix_web::test]
 async fn an_invalid_device_id_is_a_silent_deny_that_creates_no_key() {
     let app = spawn_app(&[("s.toml", &user_and_device_rules())]).await;
-    for device in ["short", "has space 123", "x".repeat(10_000).as_str(), "ab:cd:ef:gh"] {
+    for device in [
+        "short",
+        "has space 123",
+        "x".repeat(10_000).as_str(),
+        "ab:cd:ef:gh",
+    ] {
         let mut b = body("u1");
         b["device_id"] = json!(device);
         let (status, b) = app.check(b).await;
@@ -116,8 +166,22 @@ async fn an_invalid_device_id_is_a_silent_deny_that_creates_no_key() {
 async fn all_or_nothing_across_dimensions() {
     let rules = scene(&format!(
         "{}{}",
-        limit("user_10s", "\"user\"", "sliding_window", "10s", 10, "business"),
-        limit("device_1d", "\"device\"", "sliding_window", "1d", 1, "business"),
+        limit(
+            "user_10s",
+            "\"user\"",
+            "sliding_window",
+            "10s",
+            10,
+            "business"
+        ),
+        limit(
+            "device_1d",
+            "\"device\"",
+            "sliding_window",
+            "1d",
+            1,
+            "business"
+        ),
     ));
     let app = spawn_app(&[("s.toml", &rules)]).await;
     assert_eq!(app.check(body("a")).await.0, 200);
@@ -180,7 +244,10 @@ async fn generated_request_ids_are_time_ordered_ulids() {
     let app = spawn_app(&[("s.toml", &user_and_device_rules())]).await;
     let (_, a) = app.check(body("u1")).await;
     let (_, b) = app.check(body("u2")).await;
-    let (a, b) = (a["request_id"].as_str().unwrap(), b["request_id"].as_str().unwrap());
+    let (a, b) = (
+        a["request_id"].as_str().unwrap(),
+        b["request_id"].as_str().unwrap(),
+    );
     assert_eq!(a.len(), 26);
     assert!(a < b, "{a} then {b}");
 }
@@ -214,9 +281,15 @@ async fn a_refund_gives_the_quota_back_once() {
     let refund = json!({"scene": "s", "request_id": "r1", "user_id": "u", "device_id": "device-0001", "ip": "192.0.2.10"});
     let resp = app.post("/v1/refund", &refund).await;
     assert_eq!(resp.status(), 200);
-    assert_eq!(resp.json::<serde_json::Value>().await.unwrap(), json!({"refunded": true}));
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap(),
+        json!({"refunded": true})
+    );
     let resp = app.post("/v1/refund", &refund).await;
-    assert_eq!(resp.json::<serde_json::Value>().await.unwrap(), json!({"refunded": false}));
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap(),
+        json!({"refunded": false})
+    );
     let (status, r) = app.check(body("u")).await;
     assert_eq!(status, 200, "{r}");
     // Every dimension got it back: the device and the fixed IP window count 2, not 3.
@@ -255,11 +328,18 @@ async fn a_cidr_override_raises_the_ip_limit_for_its_range_only() {
 
 #[actix_web::test]
 async fn the_gateway_denies_without_touching_the_store() {
-    let rules = scene(&limit("user_10s", "\"user\"", "sliding_window", "10s", 100, "business"))
-        .replace(
-            "required = [",
-            "gateway = { rate_per_s = 1, burst = 3 }\nrequired = [",
-        );
+    let rules = scene(&limit(
+        "user_10s",
+        "\"user\"",
+        "sliding_window",
+        "10s",
+        100,
+        "business",
+    ))
+    .replace(
+        "required = [",
+        "gateway = { rate_per_s = 1, burst = 3 }\nrequired = [",
+    );
     let app = spawn_app(&[("s.toml", &rules)]).await;
     for i in 0..3 {
         assert_eq!(app.check(body(&format!("u{i}"))).await.0, 200);
@@ -278,7 +358,14 @@ async fn the_gateway_denies_without_touching_the_store() {
 async fn the_store_failing_follows_the_scene_policy() {
     let rules = format!(
         "{}\n{}",
-        scene(&limit("user_10s", "\"user\"", "sliding_window", "10s", 5, "business")),
+        scene(&limit(
+            "user_10s",
+            "\"user\"",
+            "sliding_window",
+            "10s",
+            5,
+            "business"
+        )),
         r#"
 [scene.browse]
 on_store_error = "fail_open"
@@ -299,7 +386,9 @@ max = 1000
     assert_eq!(b["decision"], "friendly_deny");
     assert_eq!(b["reason"], "store_unavailable");
     assert_eq!(b["degraded"], true);
-    let (status, b) = app.check(json!({"scene": "browse", "ip": "192.0.2.1"})).await;
+    let (status, b) = app
+        .check(json!({"scene": "browse", "ip": "192.0.2.1"}))
+        .await;
     assert_eq!(status, 200, "{b}");
     assert_eq!(b["decision"], "allow");
     assert_eq!(b["degraded"], true);

@@ -7,7 +7,14 @@ use crate::common::{body, limit, scene, spawn_app, TestApp};
 async fn rules_app() -> TestApp {
     let rules = scene(&format!(
         "{}{}",
-        limit("user_10s", "\"user\"", "sliding_window", "10s", 3, "business"),
+        limit(
+            "user_10s",
+            "\"user\"",
+            "sliding_window",
+            "10s",
+            3,
+            "business"
+        ),
         limit("ip_1m", "\"ip\"", "fixed_window", "1m", 100, "business"),
     ));
     spawn_app(&[("s.toml", &rules)]).await
@@ -17,7 +24,11 @@ async fn error_of(app: &TestApp, b: Value) -> (u16, String, Value) {
     let resp = app.post("/v1/check", &b).await;
     let status = resp.status().as_u16();
     let e: Value = resp.json().await.unwrap();
-    (status, e["error"]["code"].as_str().unwrap_or("").to_string(), e["error"]["field"].clone())
+    (
+        status,
+        e["error"]["code"].as_str().unwrap_or("").to_string(),
+        e["error"]["field"].clone(),
+    )
 }
 
 #[actix_web::test]
@@ -35,25 +46,69 @@ async fn each_error_names_its_code_and_field() {
     };
     let cases: Vec<(Value, &str, Value)> = vec![
         (json!([1, 2]), "invalid_json", json!(null)),
-        (with("scene", json!("nope")), "unknown_scene", json!("scene")),
+        (
+            with("scene", json!("nope")),
+            "unknown_scene",
+            json!("scene"),
+        ),
         (without("scene"), "invalid_field", json!("scene")),
         (without("user_id"), "missing_dimension", json!("user_id")),
-        (without("device_id"), "missing_dimension", json!("device_id")),
+        (
+            without("device_id"),
+            "missing_dimension",
+            json!("device_id"),
+        ),
         (without("ip"), "missing_dimension", json!("ip")),
         (with("ip", json!("999.1.1.1")), "invalid_field", json!("ip")),
         (with("ip", json!(42)), "invalid_field", json!("ip")),
-        (with("request_id", json!("has space")), "invalid_field", json!("request_id")),
-        (with("request_id", json!("x".repeat(65))), "invalid_field", json!("request_id")),
-        (with("user_id", json!("")), "invalid_field", json!("user_id")),
-        (with("user_id", json!({"a": 1})), "invalid_field", json!("user_id")),
-        (with("user_id", json!("u".repeat(10_000))), "invalid_field", json!("user_id")),
-        (with("dry_run", json!("yes")), "invalid_field", json!("dry_run")),
-        (with("user_created_at", json!("yesterday")), "invalid_field", json!("user_created_at")),
-        (with("idempotency_key", json!("k".repeat(200))), "invalid_field", json!("idempotency_key")),
+        (
+            with("request_id", json!("has space")),
+            "invalid_field",
+            json!("request_id"),
+        ),
+        (
+            with("request_id", json!("x".repeat(65))),
+            "invalid_field",
+            json!("request_id"),
+        ),
+        (
+            with("user_id", json!("")),
+            "invalid_field",
+            json!("user_id"),
+        ),
+        (
+            with("user_id", json!({"a": 1})),
+            "invalid_field",
+            json!("user_id"),
+        ),
+        (
+            with("user_id", json!("u".repeat(10_000))),
+            "invalid_field",
+            json!("user_id"),
+        ),
+        (
+            with("dry_run", json!("yes")),
+            "invalid_field",
+            json!("dry_run"),
+        ),
+        (
+            with("user_created_at", json!("yesterday")),
+            "invalid_field",
+            json!("user_created_at"),
+        ),
+        (
+            with("idempotency_key", json!("k".repeat(200))),
+            "invalid_field",
+            json!("idempotency_key"),
+        ),
     ];
     for (b, code, field) in cases {
         let (status, got_code, got_field) = error_of(&app, b.clone()).await;
-        assert_eq!((status, got_code.as_str(), &got_field), (400, code, &field), "for {b}");
+        assert_eq!(
+            (status, got_code.as_str(), &got_field),
+            (400, code, &field),
+            "for {b}"
+        );
     }
     assert!(app.keys("*").is_empty(), "no bad request may create a key");
 }
@@ -122,7 +177,10 @@ async fn hostile_ids_never_forge_or_escape_a_key() {
     for h in hostile {
         let (status, b) = app.check(body(h)).await;
         assert_eq!(status, 200, "{h:?}: {b}");
-        assert_eq!(b["limits"][0]["count"], 1, "{h:?} shares a key with another id");
+        assert_eq!(
+            b["limits"][0]["count"], 1,
+            "{h:?} shares a key with another id"
+        );
     }
     // The victim's own window is untouched by the id that names its key.
     let (_, b) = app.check(body("victim")).await;
@@ -134,10 +192,15 @@ async fn hostile_ids_never_forge_or_escape_a_key() {
         assert!(k.starts_with("lt:s:"), "{k} escaped the prefix");
         let tail = &k["lt:s:".len()..];
         assert!(
-            tail.bytes().all(|b| b.is_ascii_alphanumeric() || b"._@-%:".contains(&b)),
+            tail.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._@-%:".contains(&b)),
             "{k:?} holds a raw hostile byte"
         );
-        assert_eq!(tail.split(':').count() % 2, 0, "{k} has an odd segment count");
+        assert_eq!(
+            tail.split(':').count() % 2,
+            0,
+            "{k} has an odd segment count"
+        );
     }
     assert_eq!(app.get("/healthz").await.status(), 200);
 }

@@ -8,7 +8,14 @@ use serde_json::Value;
 use crate::common::{body, limit, scene, spawn_app, RedisServer};
 
 fn rules() -> String {
-    scene(&limit("user_10s", "\"user\"", "sliding_window", "10s", 1, "business"))
+    scene(&limit(
+        "user_10s",
+        "\"user\"",
+        "sliding_window",
+        "10s",
+        1,
+        "business",
+    ))
 }
 
 #[actix_web::test]
@@ -26,7 +33,9 @@ async fn health_rules_and_metrics() {
     app.check(body("u")).await;
     let text = app.get("/metrics").await.text().await.unwrap();
     assert!(
-        text.contains(r#"vigia_decisions_total{decision="allow",layer="none",reason="none",scene="s"} 1"#),
+        text.contains(
+            r#"vigia_decisions_total{decision="allow",layer="none",reason="none",scene="s"} 1"#
+        ),
         "{text}"
     );
     assert!(
@@ -37,7 +46,10 @@ async fn health_rules_and_metrics() {
         text.contains(r#"vigia_blocks_total{dimension="user",limit="user_10s",scene="s"} 1"#),
         "{text}"
     );
-    assert!(text.contains(r#"vigia_check_duration_seconds_count{scene="s"} 2"#), "{text}");
+    assert!(
+        text.contains(r#"vigia_check_duration_seconds_count{scene="s"} 2"#),
+        "{text}"
+    );
 }
 
 #[actix_web::test]
@@ -66,7 +78,13 @@ async fn openapi_documents_exactly_the_routes() {
         let url = format!("{}{path}", app.base);
         let resp = match method.as_str() {
             "get" => app.client.get(url).send().await.unwrap(),
-            _ => app.client.post(url).json(&serde_json::json!({})).send().await.unwrap(),
+            _ => app
+                .client
+                .post(url)
+                .json(&serde_json::json!({}))
+                .send()
+                .await
+                .unwrap(),
         };
         assert_ne!(resp.status(), 404, "{method} {path}");
     }
@@ -79,10 +97,18 @@ fn vigia() -> Command {
 #[test]
 fn rules_check_accepts_the_shipped_rules() {
     let out = vigia()
-        .args(["rules", "check", concat!(env!("CARGO_MANIFEST_DIR"), "/rules")])
+        .args([
+            "rules",
+            "check",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/rules"),
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]
@@ -102,7 +128,9 @@ fn rules_check_prints_file_line_message_and_exits_1() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let file = dir.path().join("a.toml").display().to_string();
     assert!(
-        stdout.lines().any(|l| l.starts_with(&format!("{file}:7: "))),
+        stdout
+            .lines()
+            .any(|l| l.starts_with(&format!("{file}:7: "))),
         "{stdout}"
     );
 }
@@ -111,11 +139,18 @@ fn rules_check_prints_file_line_message_and_exits_1() {
 fn a_bad_config_at_start_up_is_one_clear_message_and_no_panic() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.toml");
-    std::fs::write(&config, "listen = \"127.0.0.1:0\"\n[store]\nbackend = \"redis\"\ntimeout_ms = \"fast\"\n").unwrap();
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:0\"\n[store]\nbackend = \"redis\"\ntimeout_ms = \"fast\"\n",
+    )
+    .unwrap();
     let out = vigia().arg("--config").arg(&config).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&format!("{}:4:", config.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:4:", config.display())),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
@@ -124,7 +159,11 @@ fn bad_rules_at_start_up_name_the_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules");
     std::fs::create_dir(&rules).unwrap();
-    std::fs::write(rules.join("x.toml"), "[scene.x]\non_store_error = \"sometimes\"\n").unwrap();
+    std::fs::write(
+        rules.join("x.toml"),
+        "[scene.x]\non_store_error = \"sometimes\"\n",
+    )
+    .unwrap();
     let config = dir.path().join("config.toml");
     let redis = RedisServer::start();
     std::fs::write(
@@ -148,11 +187,27 @@ fn keys_sweep_from_the_command_line() {
     let redis = RedisServer::start();
     let mut conn = redis.conn();
     for i in 0..1200 {
-        let _: () = redis::cmd("SET").arg(format!("lt:s:uid:{i}")).arg(1).query(&mut conn).unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(format!("lt:s:uid:{i}"))
+            .arg(1)
+            .query(&mut conn)
+            .unwrap();
     }
-    let _: () = redis::cmd("SET").arg("keep:me").arg(1).query(&mut conn).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("keep:me")
+        .arg(1)
+        .query(&mut conn)
+        .unwrap();
     let out = vigia()
-        .args(["keys", "sweep", "--redis", &redis.url(), "--prefix", "lt", "--dry-run"])
+        .args([
+            "keys",
+            "sweep",
+            "--redis",
+            &redis.url(),
+            "--prefix",
+            "lt",
+            "--dry-run",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -162,9 +217,16 @@ fn keys_sweep_from_the_command_line() {
         .args(["keys", "sweep", "--redis", &redis.url(), "--prefix", "lt"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("removed 1200"));
-    assert!(String::from_utf8_lossy(&out.stderr).lines().count() > 1, "progress is shown");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).lines().count() > 1,
+        "progress is shown"
+    );
     let n: u64 = redis::cmd("DBSIZE").query(&mut conn).unwrap();
     assert_eq!(n, 1);
     assert_eq!(redis.command_calls().get("keys"), None);
