@@ -1,1 +1,163 @@
-//! in progress
+//! Turns rule files into a [`RuleSet`], or into every reason it cannot be one.
+//!
+//! This owns the rule set's validity: whatever a check, a key or a scorer could trip
+//! over later is rejected here, with the file, the line and the field. Parts compile
+//! independently and report into one list, so an operator fixes everything in one pass;
+//! the list is sorted by file, then line.
+//!
+//! Set-wide rules live here too: a scene is defined in one file only, `[trust]` and
+//! `[validation]` at most once, and `new_account` weights need `[trust].new_account`.
+
+mod diag;
+mod limits;
+mod scene;
+mod sections;
+mod signals;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use chrono::Utc;
+use toml::Spanned;
+
+use super::load::{sorted, version_of};
+use super::raw::{key_segment, parse_file, RawFile, Source};
+use super::{RuleError, RuleErrors, RuleSet, Scene, Validation};
+use diag::Diag;
+use scene::{compile_scene, NewAccountKnown};
+
+/// Compiles rule files given as `(display path, contents)` into one rule set.
+///
+/// The display path is what errors show; its file name and the contents make the
+/// version, so the same files give the same version wherever they are read from.
+/// Every problem of every file is reported at once, sorted by file then line.
+pub fn compile_files(files: &[(String, String)]) -> Result<RuleSet, RuleErrors> {
+    let mut files: Vec<&(String, String)> = files.iter().collect();
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+
+    let mut errors = Vec::new();
+    let parsed: Vec<(Source<'_>, RawFile)> = files
+        .iter()
+        .map(|(path, text)| {
+            let src = Source::new(path, text);
+            let (raw, errs) = parse_file(&src);
+            errors.extend(errs);
+            (src, raw)
+        })
+        .collect();
+
+    let trust = compile_once(
+        &parsed,
+        "trust",
+        |f| f.trust.as_ref(),
+        &mut errors,
+        sections::compile_trust,
+    );
+    let validation = compile_once(
+        &parsed,
+        "validation",
+        |f| f.validation.as_ref(),
+        &mut errors,
+        |d, _, v| sections::compile_validation(d, v),
+    );
+    let scenes = compile_scenes(&parsed, new_account_known(&parsed), &mut errors);
+
+    if !errors.is_empty() {
+        return Err(sorted(errors));
+    }
+    let version = version_of(files.iter().map(|(path, text)| {
+        let name = Path::new(path)
+            .file_name()
+            .map_or_else(|| path.clone(), |n| n.to_string_lossy().into_owned());
+        (name, text.as_str())
+    }));
+    Ok(RuleSet {
+        version,
+        loaded_at: Utc::now(),
+        scenes,
+        trust,
+        validation: validation.unwrap_or(Validation { device_id: None }),
+    })
+}
+
+/// Compiles a section that may appear at most once in the whole set (`[trust]`,
+/// `[validation]`); every later occurrence is an error naming the first.
+/// `None` when the section is absent, or present but invalid (then it was reported).
+fn compile_once<'a, R: 'a, T>(
+    parsed: &'a [(Source<'a>, RawFile)],
+    section: &str,
+    get: impl Fn(&'a RawFile) -> Option<&'a Spanned<Option<R>>>,
+    errors: &mut Vec<RuleError>,
+    compile: impl FnOnce(&mut Diag, &Range<usize>, &R) -> Option<T>,
+) -> Option<T> {
+    let mut first: Option<(Source<'a>, &'a Spanned<Option<R>>)> = None;
+    for (src, file) in parsed {
+        let Some(found) = get(file) else {
+            continue;
+        };
+        match &first {
+            None => first = Some((*src, found)),
+            Some((src0, found0)) => errors.push(src.error(
+                &found.span(),
+                format!(
+                    "{section}: [{section}] is already defined at {}:{} (at most once in the rule set)",
+                    src0.file,
+                    src0.line_of(found0.span().start)
+                ),
+            )),
+        }
+    }
+    let (src, found) = first?;
+    let raw = found.get_ref().as_ref()?;
+    compile(&mut Diag::new(src, errors), &found.span(), raw)
+}
+
+/// Whether any `[trust]` sets `new_account`; `None` when a broken `[trust]` hides it.
+fn new_account_known(parsed: &[(Source<'_>, RawFile)]) -> NewAccountKnown {
+    let sections = parsed.iter().filter_map(|(_, f)| f.trust.as_ref());
+    let mut known = Some(false);
+    for section in sections {
+        match section.get_ref() {
+            Some(t) if t.new_account.is_some() => return Some(true),
+            Some(_) => {}
+            None => known = None,
+        }
+    }
+    known
+}
+
+/// Compiles every scene of every file; a scene defined in two files is an error at the
+/// second, naming both.
+fn compile_scenes(
+    parsed: &[(Source<'_>, RawFile)],
+    new_account: NewAccountKnown,
+    errors: &mut Vec<RuleError>,
+) -> BTreeMap<String, Arc<Scene>> {
+    let mut first_seen: BTreeMap<&str, String> = BTreeMap::new();
+    let mut scenes = BTreeMap::new();
+    for (src, file) in parsed {
+        let mut d = Diag::new(*src, errors);
+        for raw in &file.scenes {
+            let name = raw.name.get_ref();
+            let here = d.place(&raw.name.span());
+            let compiled = compile_scene(&mut d, raw, new_account);
+            if let Some(there) = first_seen.get(name.as_str()) {
+                d.at(
+                    &raw.name.span(),
+                    format!("scene{}: defined both at {there} and at {here} (a scene lives in one file)", key_segment(name)),
+                );
+                continue;
+            }
+            first_seen.insert(name, here);
+            if let Some(scene) = compiled {
+                scenes.insert(name.clone(), Arc::new(scene));
+            }
+        }
+    }
+    scenes
+}

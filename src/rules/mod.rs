@@ -19,6 +19,7 @@ use chrono::{DateTime, Utc};
 use ipnet::IpNet;
 use regex::Regex;
 
+pub use compile::compile_files;
 pub use duration::parse_duration_ms;
 pub use load::{load_dir, RuleError, RuleErrors};
 

@@ -1,0 +1,117 @@
+//! Compiles one `[scene.NAME]`: its own keys here, then its limits, overrides,
+//! behaviour and score through their modules.
+
+use super::diag::Diag;
+use super::limits::{compile_limits, compile_overrides};
+use super::signals::{compile_behaviour, compile_score};
+use crate::rules::raw::{key_segment, RawGateway, RawScene, RawSceneHead};
+use crate::rules::{Behaviour, Dimension, Gateway, Scene, StoreErrorPolicy};
+
+const POLICIES: [(&str, StoreErrorPolicy); 3] = [
+    ("fail_open", StoreErrorPolicy::FailOpen),
+    ("fail_close", StoreErrorPolicy::FailClose),
+    ("local", StoreErrorPolicy::Local),
+];
+
+/// What the rest of the rule set says about `[trust].new_account`: `None` when a broken
+/// `[trust]` leaves it unknown (then nothing is reported against it).
+pub type NewAccountKnown = Option<bool>;
+
+/// Checks one scene, reporting every problem; `Some` only when it is wholly valid.
+pub fn compile_scene(d: &mut Diag, raw: &RawScene, new_account: NewAccountKnown) -> Option<Scene> {
+    let path = format!("scene{}", key_segment(raw.name.get_ref()));
+    let name_ok = d.key_name(&path, "scene name", &raw.name);
+    let head = raw
+        .head
+        .as_ref()
+        .map(|head| compile_head(d, &path, raw, head));
+    // Dimensions of limits are checked against `required` only when it could be read.
+    let required = head.as_ref().and_then(|h| h.required.clone());
+    let limits = compile_limits(d, &path, &raw.limits, required.as_deref());
+    let overrides = compile_overrides(d, &path, raw);
+    let behaviour = match &raw.behaviour {
+        Some(b) => compile_behaviour(d, &path, b),
+        None => Some(Behaviour::default()),
+    };
+    let score = raw
+        .score
+        .as_ref()
+        .map(|s| compile_score(d, &path, raw, s, new_account));
+
+    let head = head?;
+    let limits = limits.into_iter().collect::<Option<Vec<_>>>()?;
+    if !name_ok || !raw.complete {
+        return None;
+    }
+    Some(Scene {
+        name: raw.name.get_ref().clone(),
+        on_store_error: head.on_store_error?,
+        deny_message: head.deny_message,
+        required: head.required?,
+        gateway: head.gateway?,
+        limits,
+        overrides: overrides?,
+        behaviour: behaviour?,
+        score: score.map_or(Some(None), |s| s.map(Some))?,
+    })
+}
+
+/// The scene's own keys, each `None` when invalid.
+struct Head {
+    on_store_error: Option<StoreErrorPolicy>,
+    deny_message: Option<String>,
+    required: Option<Vec<Dimension>>,
+    /// `Some(None)`: no gateway.
+    gateway: Option<Option<Gateway>>,
+}
+
+fn compile_head(d: &mut Diag, path: &str, raw: &RawScene, head: &RawSceneHead) -> Head {
+    let on_store_error = match &head.on_store_error {
+        Some(policy) => d.choice(&format!("{path}.on_store_error"), policy, &POLICIES),
+        None => {
+            d.at(
+                &raw.name.span(),
+                format!("{path}.on_store_error: missing (fail_open | fail_close | local)"),
+            );
+            None
+        }
+    };
+    Head {
+        on_store_error,
+        deny_message: head.deny_message.as_ref().map(|m| m.get_ref().clone()),
+        required: compile_required(d, path, head),
+        gateway: match &head.gateway {
+            Some(g) => compile_gateway(d, path, g.get_ref()).map(Some),
+            None => Some(None),
+        },
+    }
+}
+
+fn compile_required(d: &mut Diag, path: &str, head: &RawSceneHead) -> Option<Vec<Dimension>> {
+    let mut dims = Vec::new();
+    let mut ok = true;
+    for (i, name) in head.required.iter().enumerate() {
+        let field = format!("{path}.required[{i}]");
+        match d.dimension(&field, name) {
+            Some(dim) if dims.contains(&dim) => {
+                d.at(
+                    &name.span(),
+                    format!("{field}: {:?} is listed twice", dim.name()),
+                );
+                ok = false;
+            }
+            Some(dim) => dims.push(dim),
+            None => ok = false,
+        }
+    }
+    ok.then_some(dims)
+}
+
+fn compile_gateway(d: &mut Diag, path: &str, raw: &RawGateway) -> Option<Gateway> {
+    let rate_per_s = d.at_least_u32(&format!("{path}.gateway.rate_per_s"), &raw.rate_per_s, 1);
+    let burst = d.at_least_u32(&format!("{path}.gateway.burst"), &raw.burst, 1);
+    Some(Gateway {
+        rate_per_s: rate_per_s?,
+        burst: burst?,
+    })
+}

@@ -1,0 +1,11 @@
+//! Tests of rule compilation: the shipped folder, every validation rule (file, line and
+//! field of its error), set-wide rules, versions and durations.
+
+mod fields;
+mod limits;
+mod scene;
+mod set;
+mod shipped;
+mod signals;
+mod support;
+mod trust;
