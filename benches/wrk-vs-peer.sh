@@ -33,11 +33,12 @@ pids+=($!); wait_port "$pport"
 
 run() { # name port
   local out; out=$(wrk -t2 -c"$conns" -d"${dur}s" --latency -s "$shared/bench/wrk-check.lua" "http://127.0.0.1:$2")
-  local rps p50 p99
+  local rps p50 p99 non2xx
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
   p50=$(awk '$1=="50%" {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
-  echo "$1 $rps $p50 $p99"
+  echo "$1 $rps $p50 $p99 ${non2xx:-0}"
 }
 # Warm both once, then measure each in turn; flush Redis between so neither inherits keys.
 wrk -t1 -c4 -d2s -s "$shared/bench/wrk-check.lua" "http://127.0.0.1:$vport" >/dev/null
@@ -46,7 +47,7 @@ redis-cli -p "$rport" FLUSHALL >/dev/null
 v=$(run vigia "$vport")
 redis-cli -p "$rport" FLUSHALL >/dev/null
 p=$(run peer "$pport")
-printf '%-6s %12s %10s %10s\n' who req/s p50 p99
-printf '%-6s %12s %10s %10s\n' $v
-printf '%-6s %12s %10s %10s\n' $p
+printf '%-6s %12s %10s %10s %10s\n' who req/s p50 p99 non-2xx
+printf '%-6s %12s %10s %10s %10s\n' $v
+printf '%-6s %12s %10s %10s %10s\n' $p
 awk -v a="$(cut -d' ' -f2 <<<"$v")" -v b="$(cut -d' ' -f2 <<<"$p")" 'BEGIN { printf "throughput ratio vigia/peer: %.2f\n", a/b }'
