@@ -7,6 +7,7 @@
 //! injects one. A deny is a value ([`CheckOutcome::Denied`]), not an error; only a store
 //! that cannot answer is an error ([`StoreError`]).
 
+pub mod embedded;
 pub mod redis;
 
 use async_trait::async_trait;

@@ -6,5 +6,7 @@ mod common;
 mod http_check;
 mod http_errors;
 mod ops;
+mod store_embedded;
 mod store_redis;
+mod store_suite;
 mod sweep;
