@@ -8,35 +8,41 @@
 //! them, so a check is atomic against every other op on the same keys, as one EVALSHA is
 //! on Redis. Checks on unrelated entities rarely share a shard and run in parallel.
 //!
-//! Durability: every change goes into one sled batch applied before the locks are
-//! released; memory is changed only once the batch is accepted. sled writes its log to
+//! Durability: the changes of a check are one record appended to a sled journal (see
+//! `journal`) before the locks are released; memory changes only once sled took the
+//! record, and replaying the journal applies the very same ops (see `ops`). sled writes to
 //! disk every [`FLUSH_EVERY_MS`], so a `kill -9` loses at most that much; a clean shutdown
 //! calls [`EmbeddedStore::flush`] and loses nothing.
 //!
-//! Reclaiming: an expired entry is absent to every reader (as in Redis) and is removed
-//! from memory and sled by the next check that touches its key or by [`EmbeddedStore::reap`],
-//! which a background thread runs every second. Memory and disk follow the live windows.
+//! Reclaiming: an expired entry is absent to every reader (as in Redis) and is dropped
+//! from memory by the next check that touches its key or by [`EmbeddedStore::reap`], which
+//! a background thread runs every second. When the journal has grown well past the live
+//! state, [`EmbeddedStore::compact`] starts a new generation from a snapshot and deletes
+//! the old one: memory and disk follow the live windows, not history.
 //!
 //! Time: the injected [`Clock`] (the process clock in production; a manual one in tests).
 
 mod entry;
-mod persist;
+mod journal;
+mod ops;
 pub mod window;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 
-use super::{
-    CheckOp, CheckOutcome, LimitOp, LimitState, RefundOp, StoreError, WindowStore, EXPIRY_MARGIN_MS,
-};
+use super::{CheckOp, CheckOutcome, LimitOp, LimitState, RefundOp, StoreError, WindowStore};
 use crate::clock::Clock;
 use crate::rules::Algorithm;
 use entry::{Entry, Tag};
+use journal::Generation;
+use ops::Op;
 use window::{Bucket, Fixed, LimitEval, Sliding};
 
 /// Number of independently locked maps.
@@ -45,6 +51,11 @@ pub const SHARDS: usize = 64;
 pub const FLUSH_EVERY_MS: u64 = 200;
 /// How often the reaper thread reclaims expired entries.
 pub const REAP_EVERY: Duration = Duration::from_secs(1);
+/// A new generation starts once the journal holds this many records and more than twice
+/// as many as there are live members: compaction costs about the live state.
+pub const COMPACT_AFTER_RECORDS: u64 = 100_000;
+/// Snapshot ops per snapshot record.
+const SNAPSHOT_CHUNK: usize = 1024;
 
 type Shard = HashMap<String, Entry>;
 
@@ -55,9 +66,9 @@ pub struct EmbeddedStats {
     pub keys: usize,
     /// Sliding members plus one per other key.
     pub weight: usize,
-    /// Entries in sled.
-    pub persisted: usize,
-    /// sled's own figure for its files.
+    /// Journal records since the current generation started.
+    pub journal_records: u64,
+    /// Bytes of every file under the store's folder.
     pub disk_bytes: u64,
 }
 
@@ -73,8 +84,11 @@ pub struct KeyInfo {
 pub struct EmbeddedStore {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
-    db: sled::Db,
-    tree: sled::Tree,
+    root: PathBuf,
+    /// Read under shard locks; swapped while every shard is locked.
+    current: ArcSwap<Generation>,
+    /// One compaction at a time.
+    compacting: Mutex<()>,
     clock: Arc<dyn Clock>,
     /// Dropping it stops the reaper thread.
     reaper_stop: Mutex<Option<mpsc::Sender<()>>>,
@@ -83,7 +97,8 @@ pub struct EmbeddedStore {
 impl std::fmt::Debug for EmbeddedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EmbeddedStore")
-            .field("shards", &self.shards.len())
+            .field("root", &self.root)
+            .field("generation", &self.current.load().number)
             .finish()
     }
 }
@@ -105,63 +120,87 @@ impl Locked<'_> {
         &mut self.guards[pos].1
     }
 
-    /// The live entry under `key`; an expired one is removed (and unpersisted in `batch`).
-    fn live(&mut self, key: &str, now: u64, batch: &mut sled::Batch) -> Option<&mut Entry> {
+    /// The live entry under `key`; an expired one is dropped (replay drops it too).
+    fn live(&mut self, key: &str, now: u64) -> Option<&mut Entry> {
         let shard = self.shard(key);
         if shard.get(key).is_some_and(|e| !e.is_live(now)) {
-            if let Some(old) = shard.remove(key) {
-                persist::delete(batch, key, &old);
-            }
+            shard.remove(key);
         }
         shard.get_mut(key)
     }
-}
 
-/// One write decided in phase 1, made in memory once sled accepted it.
-enum Write {
-    Member { key: String, retain: u64 },
-    Put { key: String, entry: Entry },
+    /// Journals `ops` in one record, then applies them to memory.
+    fn commit(&mut self, now: u64, ops: Vec<Op>) -> Result<(), StoreError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.store
+            .current
+            .load()
+            .append(&ops::encode(now, &ops))
+            .map_err(sled_err)?;
+        for op in ops {
+            let shard = self.shard(op.key());
+            ops::apply(shard, now, op);
+        }
+        Ok(())
+    }
 }
 
 impl EmbeddedStore {
-    /// Opens (or creates) the store under `dir` and reads every live window back.
+    /// Opens (or creates) the store under `dir`, replays what it held, and starts a fresh
+    /// generation from it.
     pub fn open(dir: &Path, clock: Arc<dyn Clock>) -> Result<Arc<EmbeddedStore>, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            StoreError::Unavailable(format!("embedded store: create {}: {e}", dir.display()))
-        })?;
-        let db = sled::Config::new()
-            .path(dir)
-            // sled's default cache is 1 GiB; windows are held in memory already.
-            .cache_capacity(32 * 1024 * 1024)
-            .flush_every_ms(Some(FLUSH_EVERY_MS))
-            .open()
-            .map_err(|e| {
-                StoreError::Unavailable(format!("embedded store: open {}: {e}", dir.display()))
-            })?;
-        let tree = db.open_tree("windows").map_err(sled_err)?;
-        let loaded = persist::load(&tree, clock.now_ms()).map_err(sled_err)?;
-        let mut stale = sled::Batch::default();
-        for k in loaded.stale {
-            stale.remove(k);
+        let unavailable = |what: String| {
+            StoreError::Unavailable(format!("embedded store at {}: {what}", dir.display()))
+        };
+        let recovered = journal::recover(dir, FLUSH_EVERY_MS).map_err(unavailable)?;
+        let mut shards: Vec<Shard> = (0..SHARDS).map(|_| HashMap::new()).collect();
+        let hasher = RandomState::new();
+        let shard_of = |key: &str| (hasher.hash_one(key) % SHARDS as u64) as usize;
+        let mut damaged = 0;
+        for record in &recovered.records {
+            match ops::decode(record) {
+                Some((now, ops)) => {
+                    for op in ops {
+                        ops::apply(&mut shards[shard_of(op.key())], now, op);
+                    }
+                }
+                None => damaged += 1,
+            }
         }
-        tree.apply_batch(stale).map_err(sled_err)?;
+        if damaged > 0 {
+            tracing::warn!(damaged, dir = %dir.display(), "embedded store: skipped damaged journal records");
+        }
+        let now = clock.now_ms();
+        for shard in &mut shards {
+            shard.retain(|_, e| e.is_live(now));
+        }
+        let generation = Generation::create(dir, recovered.next, FLUSH_EVERY_MS)
+            .map_err(|e| unavailable(e.to_string()))?;
         let store = EmbeddedStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
-            db,
-            tree,
+            shards: shards.into_iter().map(Mutex::new).collect(),
+            hasher,
+            root: dir.to_path_buf(),
+            current: ArcSwap::from_pointee(generation),
+            compacting: Mutex::new(()),
             clock,
             reaper_stop: Mutex::new(None),
         };
-        for (key, entry) in loaded.entries {
-            let i = store.shard_of(&key);
-            lock(&store.shards[i]).insert(key, entry);
+        let snapshot = store.snapshot_records(&store.shards.iter().map(lock).collect::<Vec<_>>());
+        store
+            .current
+            .load()
+            .complete(snapshot)
+            .map_err(|e| unavailable(e.to_string()))?;
+        for old in recovered.old {
+            remove_generation(&old);
         }
         Ok(Arc::new(store))
     }
 
-    /// Starts the background reaper (every [`REAP_EVERY`]); it stops when the store is
-    /// dropped.
+    /// Starts the background reaper (every [`REAP_EVERY`]; it also compacts when due). It
+    /// stops when the store is dropped.
     pub fn start_reaper(self: &Arc<Self>) {
         let (tx, rx) = mpsc::channel::<()>();
         *lock(&self.reaper_stop) = Some(tx);
@@ -171,14 +210,24 @@ impl EmbeddedStore {
             .spawn(move || {
                 while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(REAP_EVERY) {
                     let Some(store) = weak.upgrade() else { return };
-                    if let Err(e) = store.reap() {
-                        tracing::warn!(error = %e, "embedded store: reaping failed");
+                    if let Err(e) = store.maintain() {
+                        tracing::warn!(error = %e, "embedded store: maintenance failed");
                     }
                 }
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "embedded store: no reaper thread; expired keys are reclaimed on access only");
         }
+    }
+
+    /// Reaps, then compacts if the journal has outgrown the live state.
+    pub fn maintain(&self) -> Result<(), StoreError> {
+        self.reap();
+        let stats = self.stats();
+        if stats.journal_records > COMPACT_AFTER_RECORDS.max(2 * stats.weight as u64) {
+            self.compact()?;
+        }
+        Ok(())
     }
 
     fn shard_of(&self, key: &str) -> usize {
@@ -198,42 +247,69 @@ impl EmbeddedStore {
         }
     }
 
-    /// Removes every expired entry from memory and sled; returns how many.
-    pub fn reap(&self) -> Result<usize, StoreError> {
+    /// Drops every expired entry from memory; returns how many. (The journal needs no
+    /// record of it: replay drops them by time as well.)
+    pub fn reap(&self) -> usize {
         let now = self.clock.now_ms();
         let mut reaped = 0;
         for shard in self.shards.iter() {
             let mut map = lock(shard);
-            let expired: Vec<String> = map
-                .iter()
-                .filter(|(_, e)| !e.is_live(now))
-                .map(|(k, _)| k.clone())
-                .collect();
-            if expired.is_empty() {
-                continue;
-            }
-            let mut batch = sled::Batch::default();
-            for k in &expired {
-                if let Some(e) = map.get(k) {
-                    persist::delete(&mut batch, k, e);
-                }
-            }
-            // Memory follows sled: drop only what sled dropped.
-            self.tree.apply_batch(batch).map_err(sled_err)?;
-            for k in &expired {
-                map.remove(k);
-            }
-            reaped += expired.len();
+            let before = map.len();
+            map.retain(|_, e| e.is_live(now));
+            reaped += before - map.len();
             if map.capacity() > 64 && map.len() < map.capacity() / 4 {
                 map.shrink_to_fit();
             }
         }
-        Ok(reaped)
+        reaped
+    }
+
+    /// Starts a new generation from a snapshot of the live state and removes the old one.
+    /// Checks wait only while the live entries are copied (every shard is locked for
+    /// that); the snapshot is written after they resume.
+    pub fn compact(&self) -> Result<(), StoreError> {
+        let _one = lock(&self.compacting);
+        let old = self.current.load_full();
+        let next = Arc::new(
+            Generation::create(&self.root, old.number + 1, FLUSH_EVERY_MS).map_err(sled_err)?,
+        );
+        let snapshot = {
+            let guards: Vec<_> = self.shards.iter().map(lock).collect();
+            let snapshot = self.snapshot_records(&guards);
+            // From here on every change goes to the new generation's journal.
+            self.current.store(next.clone());
+            snapshot
+        };
+        next.complete(snapshot).map_err(sled_err)?;
+        let old_dir = old.dir().to_path_buf();
+        drop(old);
+        remove_generation(&old_dir);
+        Ok(())
+    }
+
+    /// The live state as snapshot records (each a chunk of ops).
+    fn snapshot_records(&self, guards: &[MutexGuard<'_, Shard>]) -> Vec<Vec<u8>> {
+        let now = self.clock.now_ms();
+        let mut records = Vec::new();
+        let mut chunk = Vec::with_capacity(SNAPSHOT_CHUNK);
+        for map in guards {
+            for (key, entry) in map.iter().filter(|(_, e)| e.is_live(now)) {
+                ops::recreate(key, entry, &mut chunk);
+                if chunk.len() >= SNAPSHOT_CHUNK {
+                    records.push(ops::encode(now, &chunk));
+                    chunk.clear();
+                }
+            }
+        }
+        if !chunk.is_empty() {
+            records.push(ops::encode(now, &chunk));
+        }
+        records
     }
 
     /// Writes everything to disk (clean shutdown).
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush().map(|_| ()).map_err(sled_err)
+        self.current.load().flush().map_err(sled_err)
     }
 
     /// One live key as it stands: members held (1 for non-sliding keys) and ms to expiry.
@@ -275,8 +351,8 @@ impl EmbeddedStore {
         EmbeddedStats {
             keys,
             weight,
-            persisted: self.tree.len(),
-            disk_bytes: self.db.size_on_disk().unwrap_or(0),
+            journal_records: self.current.load().appended.load(Ordering::Relaxed),
+            disk_bytes: journal::disk_bytes(&self.root),
         }
     }
 
@@ -286,42 +362,37 @@ impl EmbeddedStore {
         keys.extend(op.idempotency_key.as_deref());
         keys.extend(op.limits.iter().map(|l| l.key.as_str()));
         let mut locked = self.lock_keys(&keys);
-        let mut batch = sled::Batch::default();
 
         // The same request id twice counts once; the same idempotency key names the first.
-        if locked.live(&op.record_key, now, &mut batch).is_some() {
-            self.apply(batch)?;
+        if locked.live(&op.record_key, now).is_some() {
             return Ok(CheckOutcome::Duplicate {
                 of: op.request_id.clone(),
             });
         }
         if let Some(idem) = &op.idempotency_key {
-            if let Some(Entry::Idem { request_id, .. }) = locked.live(idem, now, &mut batch) {
-                let of = request_id.clone();
-                self.apply(batch)?;
-                return Ok(CheckOutcome::Duplicate { of });
+            if let Some(Entry::Idem { request_id, .. }) = locked.live(idem, now) {
+                return Ok(CheckOutcome::Duplicate {
+                    of: request_id.clone(),
+                });
             }
         }
 
         // Phase 1: trim and evaluate every limit; nothing that changes a count.
-        let mut evals = Vec::with_capacity(op.limits.len());
-        for l in &op.limits {
-            evals.push(evaluate(&mut locked, l, now, op.dry_run, &mut batch));
-        }
+        let evals: Vec<LimitEval> = op
+            .limits
+            .iter()
+            .map(|l| evaluate(&mut locked, l, now, op.dry_run))
+            .collect();
         let states = |after: bool| -> Vec<LimitState> {
             evals
                 .iter()
-                .map(|e| {
-                    let mut s = e.state;
-                    if after {
-                        s.count = e.after;
-                    }
-                    s
+                .map(|e| LimitState {
+                    count: if after { e.after } else { e.state.count },
+                    ..e.state
                 })
                 .collect()
         };
         if evals.iter().any(|e| e.state.exceeded) {
-            self.apply(batch)?;
             return Ok(CheckOutcome::Denied {
                 limits: states(false),
             });
@@ -332,36 +403,9 @@ impl EmbeddedStore {
             });
         }
 
-        // Phase 2: decide every write, persist them, then make them in memory.
-        let writes = plan(&mut locked, op, now, &evals, &mut batch);
-        self.apply(batch)?;
-        for w in writes {
-            match w {
-                Write::Member { key, retain } => {
-                    let shard = locked.shard(&key);
-                    let e = shard.entry(key).or_insert_with(|| Entry::Sliding {
-                        set: Sliding::default(),
-                        retain,
-                        expires_at: 0,
-                    });
-                    if let Entry::Sliding {
-                        set,
-                        retain: r,
-                        expires_at,
-                    } = e
-                    {
-                        set.members
-                            .insert((now, op.request_id.clone().into_boxed_str()));
-                        *r = retain;
-                        // The newest member decides how long the key lives.
-                        *expires_at = now + retain + EXPIRY_MARGIN_MS;
-                    }
-                }
-                Write::Put { key, entry } => {
-                    locked.shard(&key).insert(key, entry);
-                }
-            }
-        }
+        // Phase 2: every write as an op, journaled, then applied.
+        let writes = plan(&mut locked, op, now, &evals);
+        locked.commit(now, writes)?;
         Ok(CheckOutcome::Allowed {
             limits: states(true),
         })
@@ -372,143 +416,114 @@ impl EmbeddedStore {
         let mut keys: Vec<&str> = vec![&op.record_key];
         keys.extend(op.keys.iter().map(String::as_str));
         let mut locked = self.lock_keys(&keys);
-        let mut batch = sled::Batch::default();
-        let Some(Entry::Record { keys: counted, .. }) =
-            locked.live(&op.record_key, now, &mut batch).cloned()
+        let Some(Entry::Record {
+            keys: counted,
+            expires_at,
+        }) = locked.live(&op.record_key, now).cloned()
         else {
-            self.apply(batch)?;
             return Ok(false);
         };
         let mut remaining = counted.clone();
-        let mut undo: Vec<(String, Entry)> = Vec::new();
+        let mut writes = Vec::new();
         for key in &op.keys {
             let Some(pos) = remaining.iter().position(|(k, _)| k == key) else {
                 continue;
             };
             let (_, tag) = remaining.remove(pos);
-            let Some(entry) = locked.live(key, now, &mut batch).cloned() else {
-                continue;
-            };
-            match (tag, entry) {
-                (
-                    Tag::Sliding,
-                    Entry::Sliding {
-                        mut set,
-                        retain,
-                        expires_at,
-                    },
-                ) => {
-                    if set.remove(&op.request_id) {
-                        batch.remove(persist::member_key(key, &op.request_id));
-                        undo.push((
-                            key.clone(),
-                            Entry::Sliding {
-                                set,
-                                retain,
-                                expires_at,
-                            },
-                        ));
-                    }
-                }
+            match (tag, locked.live(key, now).cloned()) {
+                (Tag::Sliding, Some(Entry::Sliding { .. })) => writes.push(Op::RemoveMember {
+                    key: key.clone(),
+                    member: op.request_id.clone(),
+                }),
+                // A window that has rolled over already forgot the request.
                 (
                     Tag::Fixed { start },
-                    Entry::Fixed {
+                    Some(Entry::Fixed {
                         mut state,
                         expires_at,
-                    },
+                    }),
                 ) if state.start == start && state.count > 0 => {
                     state.count -= 1;
-                    let e = Entry::Fixed { state, expires_at };
-                    persist::put(&mut batch, key, &e);
-                    undo.push((key.clone(), e));
+                    writes.push(Op::Put {
+                        key: key.clone(),
+                        entry: Entry::Fixed { state, expires_at },
+                    });
                 }
                 (
                     Tag::Bucket,
-                    Entry::Bucket {
+                    Some(Entry::Bucket {
                         mut state,
                         expires_at,
-                    },
+                    }),
                 ) => {
                     state.tokens = (state.tokens + 1.0).min(state.cap as f64);
-                    let e = Entry::Bucket { state, expires_at };
-                    persist::put(&mut batch, key, &e);
-                    undo.push((key.clone(), e));
+                    writes.push(Op::Put {
+                        key: key.clone(),
+                        entry: Entry::Bucket { state, expires_at },
+                    });
                 }
                 _ => {}
             }
         }
         if remaining.len() == counted.len() {
-            self.apply(batch)?;
             return Ok(false);
         }
         // Undone keys leave the record; the record stays (its id is still a duplicate).
-        let expires_at = locked
-            .live(&op.record_key, now, &mut batch)
-            .map_or(now, |e| e.expires_at());
-        let record = Entry::Record {
-            keys: remaining,
-            expires_at,
-        };
-        persist::put(&mut batch, &op.record_key, &record);
-        self.apply(batch)?;
-        locked
-            .shard(&op.record_key)
-            .insert(op.record_key.clone(), record);
-        for (key, e) in undo {
-            locked.shard(&key).insert(key, e);
-        }
+        writes.push(Op::Put {
+            key: op.record_key.clone(),
+            entry: Entry::Record {
+                keys: remaining,
+                expires_at,
+            },
+        });
+        locked.commit(now, writes)?;
         Ok(true)
-    }
-
-    fn apply(&self, batch: sled::Batch) -> Result<(), StoreError> {
-        self.tree.apply_batch(batch).map_err(sled_err)
     }
 }
 
 impl Drop for EmbeddedStore {
     fn drop(&mut self) {
         // A clean drop loses nothing, whoever forgot to flush.
-        let _ = self.db.flush();
+        let _ = self.current.load().flush();
+    }
+}
+
+fn remove_generation(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        tracing::warn!(dir = %dir.display(), error = %e, "embedded store: old generation not removed");
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while holding a shard; if something did, its data is still whole
-    // (memory changes only after sled accepted them), so keep serving.
+    // (memory changes only after the journal took them), so keep serving.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Phase 1 for one limit: trims (unless dry run) and evaluates.
-fn evaluate(
-    locked: &mut Locked<'_>,
-    l: &LimitOp,
-    now: u64,
-    dry_run: bool,
-    batch: &mut sled::Batch,
-) -> LimitEval {
+fn evaluate(locked: &mut Locked<'_>, l: &LimitOp, now: u64, dry_run: bool) -> LimitEval {
     let window = l.window_ms.max(1);
     match l.algorithm {
-        Algorithm::SlidingWindow => match locked.live(&l.key, now, batch) {
+        Algorithm::SlidingWindow => match locked.live(&l.key, now) {
             Some(Entry::Sliding { set, .. }) => {
                 if !dry_run {
-                    let retain = l.retain_ms.max(window);
-                    for (_, m) in set.trim(now.saturating_sub(retain)) {
-                        batch.remove(persist::member_key(&l.key, &m));
-                    }
+                    // Trimmed members are outside every window sharing the key; replay
+                    // needs no record of it (they count for nothing there either).
+                    set.trim(now.saturating_sub(l.retain_ms.max(window)));
                 }
                 set.evaluate(now, window, l.max)
             }
             _ => Sliding::default().evaluate(now, window, l.max),
         },
         Algorithm::FixedWindow => {
-            let stored = match locked.live(&l.key, now, batch) {
+            let stored = match locked.live(&l.key, now) {
                 Some(Entry::Fixed { state, .. }) => Some(*state),
                 _ => None,
             };
             Fixed::evaluate(stored.as_ref(), now, window, l.max)
         }
         Algorithm::TokenBucket => {
-            let stored = match locked.live(&l.key, now, batch) {
+            let stored = match locked.live(&l.key, now) {
                 Some(Entry::Bucket { state, .. }) => Some(*state),
                 _ => None,
             };
@@ -518,15 +533,9 @@ fn evaluate(
     }
 }
 
-/// Phase 2's writes for an allowed check, each also put in `batch`. A key named twice
-/// (sliding limits sharing a ZSET) is written once, kept for the longest retain.
-fn plan(
-    locked: &mut Locked<'_>,
-    op: &CheckOp,
-    now: u64,
-    evals: &[LimitEval],
-    batch: &mut sled::Batch,
-) -> Vec<Write> {
+/// Phase 2's writes for an allowed check. A key named twice (sliding limits sharing a
+/// ZSET) is written once, kept for the longest retain.
+fn plan(locked: &mut Locked<'_>, op: &CheckOp, now: u64, evals: &[LimitEval]) -> Vec<Op> {
     let mut writes = Vec::with_capacity(op.limits.len() + 2);
     let mut counted: Vec<(String, Tag)> = Vec::with_capacity(op.limits.len());
     for (l, e) in op.limits.iter().zip(evals) {
@@ -534,6 +543,7 @@ fn plan(
             continue;
         }
         let window = l.window_ms.max(1);
+        let key = l.key.clone();
         match l.algorithm {
             Algorithm::SlidingWindow => {
                 let retain = op
@@ -543,12 +553,13 @@ fn plan(
                     .map(|o| o.retain_ms.max(o.window_ms))
                     .max()
                     .unwrap_or(window);
-                persist::put_member(batch, &l.key, now, &op.request_id, retain);
-                writes.push(Write::Member {
-                    key: l.key.clone(),
+                writes.push(Op::AddMember {
+                    key: key.clone(),
+                    score: now,
+                    member: op.request_id.clone(),
                     retain,
                 });
-                counted.push((l.key.clone(), Tag::Sliding));
+                counted.push((key, Tag::Sliding));
             }
             Algorithm::FixedWindow => {
                 let state = Fixed {
@@ -559,49 +570,39 @@ fn plan(
                     expires_at: state.expires_at(window),
                     state,
                 };
-                persist::put(batch, &l.key, &entry);
-                writes.push(Write::Put {
-                    key: l.key.clone(),
-                    entry,
-                });
-                counted.push((l.key.clone(), Tag::Fixed { start: state.start }));
+                counted.push((key.clone(), Tag::Fixed { start: state.start }));
+                writes.push(Op::Put { key, entry });
             }
             Algorithm::TokenBucket => {
-                let stored = match locked.shard(&l.key).get(&l.key) {
+                let stored = match locked.shard(&key).get(&key) {
                     Some(Entry::Bucket { state, .. }) => Some(*state),
                     _ => None,
                 };
                 let tokens = Bucket::level(stored.as_ref(), now, window, l.max);
                 let (state, expires_at) = Bucket::spend(tokens, now, window, l.max);
-                let entry = Entry::Bucket { state, expires_at };
-                persist::put(batch, &l.key, &entry);
-                writes.push(Write::Put {
-                    key: l.key.clone(),
-                    entry,
+                counted.push((key.clone(), Tag::Bucket));
+                writes.push(Op::Put {
+                    key,
+                    entry: Entry::Bucket { state, expires_at },
                 });
-                counted.push((l.key.clone(), Tag::Bucket));
             }
         }
     }
     let expires_at = now + op.record_ttl_ms.max(1);
-    let record = Entry::Record {
-        keys: counted,
-        expires_at,
-    };
-    persist::put(batch, &op.record_key, &record);
-    writes.push(Write::Put {
+    writes.push(Op::Put {
         key: op.record_key.clone(),
-        entry: record,
+        entry: Entry::Record {
+            keys: counted,
+            expires_at,
+        },
     });
     if let Some(idem) = &op.idempotency_key {
-        let entry = Entry::Idem {
-            request_id: op.request_id.clone(),
-            expires_at,
-        };
-        persist::put(batch, idem, &entry);
-        writes.push(Write::Put {
+        writes.push(Op::Put {
             key: idem.clone(),
-            entry,
+            entry: Entry::Idem {
+                request_id: op.request_id.clone(),
+                expires_at,
+            },
         });
     }
     writes
