@@ -9,10 +9,12 @@ use actix_web::{web, App, HttpServer};
 use arc_swap::ArcSwapOption;
 
 use crate::check::Checker;
+use crate::clock::SystemClock;
 use crate::config::{Config, StoreBackend};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::rules::{self, RuleErrors, RulesHandle};
+use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
 use crate::store::{StoreError, WindowStore};
 
@@ -27,7 +29,7 @@ pub enum StartError {
         url: String,
         source: StoreError,
     },
-    #[error("store.backend = {0:?} is not available yet; use \"redis\"")]
+    #[error("store.backend = {0:?} is not available yet; use \"embedded\" or \"redis\"")]
     Backend(&'static str),
     #[error("listen {addr}: {source}")]
     Bind {
@@ -41,6 +43,21 @@ pub enum StartError {
 /// A built service, not yet listening.
 pub struct Service {
     pub state: web::Data<AppState>,
+    /// Embedded stores to flush at shutdown.
+    pub embedded: Vec<Arc<EmbeddedStore>>,
+}
+
+/// Opens an embedded store under `data_dir/name` with its reaper running.
+fn open_embedded(config: &Config, name: &str) -> Result<Arc<EmbeddedStore>, StartError> {
+    let dir = config.data_dir.join(name);
+    let store =
+        EmbeddedStore::open(&dir, Arc::new(SystemClock)).map_err(|source| StartError::Store {
+            backend: "embedded",
+            url: dir.display().to_string(),
+            source,
+        })?;
+    store.start_reaper();
+    Ok(store)
 }
 
 /// Builds the service's parts from a validated config.
@@ -52,20 +69,28 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
     })?;
     metrics.rule_reload("ok");
     metrics.rules_version(&ruleset.version);
-    let store: Arc<dyn WindowStore> = match config.store.backend {
-        StoreBackend::Redis => Arc::new(
-            RedisStore::connect(&config.store.redis_url, config.store.timeout_ms)
-                .await
-                .map_err(|source| StartError::Store {
-                    backend: "redis",
-                    url: config.store.redis_url.clone(),
-                    source,
-                })?,
-        ),
-        StoreBackend::Embedded => return Err(StartError::Backend("embedded")),
-        StoreBackend::RedisCluster => return Err(StartError::Backend("redis_cluster")),
-    };
-    let checker = Checker::new(store, None, metrics.clone(), &config.store.key_prefix);
+    // The primary store, and the node's own store for scenes whose policy is `local`
+    // (with the embedded backend the primary already is the node's own).
+    let (store, local, embedded): (Arc<dyn WindowStore>, Option<Arc<dyn WindowStore>>, _) =
+        match config.store.backend {
+            StoreBackend::Embedded => {
+                let windows = open_embedded(config, "windows")?;
+                (windows.clone(), None, vec![windows])
+            }
+            StoreBackend::Redis => {
+                let redis = RedisStore::connect(&config.store.redis_url, config.store.timeout_ms)
+                    .await
+                    .map_err(|source| StartError::Store {
+                        backend: "redis",
+                        url: config.store.redis_url.clone(),
+                        source,
+                    })?;
+                let local = open_embedded(config, "local")?;
+                (Arc::new(redis), Some(local.clone()), vec![local])
+            }
+            StoreBackend::RedisCluster => return Err(StartError::Backend("redis_cluster")),
+        };
+    let checker = Checker::new(store, local, metrics.clone(), &config.store.key_prefix);
     checker.sync_rules(&ruleset);
     tracing::info!(version = %ruleset.version, scenes = ruleset.scenes.len(), "rules loaded");
     let state = web::Data::new(AppState {
@@ -74,7 +99,7 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
         metrics,
         last_rules_error: Arc::new(ArcSwapOption::empty()),
     });
-    Ok(Service { state })
+    Ok(Service { state, embedded })
 }
 
 /// A service listening on a socket.
@@ -83,12 +108,14 @@ pub struct Running {
     pub handle: ServerHandle,
     pub server: actix_web::dev::Server,
     pub state: web::Data<AppState>,
+    pub embedded: Vec<Arc<EmbeddedStore>>,
 }
 
 /// Builds and binds the service (`listen` may use port 0); the caller awaits `server`.
 pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, StartError> {
     let service = build(config).await?;
     let state = service.state.clone();
+    let embedded = service.embedded.clone();
     let data = service.state;
     let mut server =
         HttpServer::new(move || App::new().app_data(data.clone()).configure(http::configure))
@@ -116,6 +143,7 @@ pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, S
         handle: server.handle(),
         server,
         state,
+        embedded,
     })
 }
 
@@ -123,5 +151,13 @@ pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, S
 pub async fn serve(config: &Config) -> Result<(), StartError> {
     let running = start(config, None).await?;
     tracing::info!(addr = %running.addr, "vigia listening");
-    running.server.await.map_err(StartError::Server)
+    let result = running.server.await.map_err(StartError::Server);
+    // SIGTERM/SIGINT: the server drained; make every window durable before exiting.
+    for store in &running.embedded {
+        if let Err(e) = store.flush() {
+            tracing::error!(error = %e, "embedded store: flush at shutdown failed");
+        }
+    }
+    tracing::info!("vigia stopped");
+    result
 }

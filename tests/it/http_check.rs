@@ -367,6 +367,16 @@ async fn the_store_failing_follows_the_scene_policy() {
             "business"
         )),
         r#"
+[scene.claim_local]
+on_store_error = "local"
+required = ["user"]
+[[scene.claim_local.limits]]
+name = "user_1m"
+dimensions = ["user"]
+algorithm = "sliding_window"
+window = "1m"
+max = 1
+
 [scene.browse]
 on_store_error = "fail_open"
 required = ["ip"]
@@ -391,6 +401,22 @@ max = 1000
         .await;
     assert_eq!(status, 200, "{b}");
     assert_eq!(b["decision"], "allow");
+    assert_eq!(b["degraded"], true);
+    // `local`: the node's own embedded store decides, with the same limits.
+    let (status, b) = app
+        .check(json!({"scene": "claim_local", "user_id": "u"}))
+        .await;
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(
+        (b["decision"].as_str(), b["degraded"].as_bool()),
+        (Some("allow"), Some(true))
+    );
+    assert_eq!(b["limits"][0]["count"], 1);
+    let (status, b) = app
+        .check(json!({"scene": "claim_local", "user_id": "u"}))
+        .await;
+    assert_eq!(status, 429, "{b}");
+    assert_eq!(b["reason"], "user_1m");
     assert_eq!(b["degraded"], true);
     let ready = app.get("/readyz").await;
     assert_eq!(ready.status(), 503);

@@ -3,6 +3,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod durability;
 mod http_check;
 mod http_errors;
 mod ops;

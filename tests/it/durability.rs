@@ -1,0 +1,185 @@
+//! The real binary on the embedded store: it serves with no Redis at all, and its windows
+//! survive a clean stop (SIGTERM) and a crash (SIGKILL) followed by a restart.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use vigia::store::embedded::FLUSH_EVERY_MS;
+
+use crate::common::free_port;
+
+struct Vigia {
+    child: Child,
+    base: String,
+}
+
+impl Vigia {
+    /// Starts `vigia` from the repository root with the shipped config.toml, overriding
+    /// only the address and the data folder (and the rules folder when given).
+    async fn start(port: u16, data: &Path, rules: Option<&Path>) -> Vigia {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vigia"));
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("VIGIA_LISTEN", format!("127.0.0.1:{port}"))
+            .env("VIGIA_DATA_DIR", data)
+            .env_remove("VIGIA_STORE")
+            .env_remove("VIGIA_REDIS_URL")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        if let Some(r) = rules {
+            cmd.env("VIGIA_RULES_DIR", r);
+        }
+        let child = cmd.spawn().expect("spawn vigia");
+        let v = Vigia {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        // Start-up is bounded: a service that is not up in 20 s has failed.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let client = reqwest::Client::new();
+        loop {
+            if let Ok(r) = client.get(format!("{}/readyz", v.base)).send().await {
+                assert_eq!(r.status(), 200);
+                return v;
+            }
+            assert!(Instant::now() < deadline, "vigia did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn check(&self, body: &Value) -> (u16, Value) {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/check", self.base))
+            .json(body)
+            .send()
+            .await
+            .expect("check");
+        (r.status().as_u16(), r.json().await.expect("json"))
+    }
+
+    fn sigterm(mut self) {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        let exit = self.child.wait().expect("wait");
+        assert!(exit.success(), "vigia exited {exit:?} on SIGTERM");
+    }
+
+    fn sigkill(mut self) {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("wait");
+    }
+}
+
+impl Drop for Vigia {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn claim(user: &str) -> Value {
+    json!({"scene": "coupon_claim", "user_id": user, "device_id": "device-0001", "ip": "203.0.113.7"})
+}
+
+fn rules_with(limit_window: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.toml"),
+        format!(
+            r#"
+[scene.s]
+on_store_error = "fail_close"
+required = ["user", "ip"]
+[[scene.s.limits]]
+name = "user_day"
+dimensions = ["user"]
+algorithm = "sliding_window"
+window = "{limit_window}"
+max = 3
+[[scene.s.limits]]
+name = "ip_hour"
+dimensions = ["ip"]
+algorithm = "fixed_window"
+window = "1h"
+max = 100
+[[scene.s.limits]]
+name = "user_bucket"
+dimensions = ["user"]
+algorithm = "token_bucket"
+window = "1d"
+max = 3
+"#
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+fn s(user: &str) -> Value {
+    json!({"scene": "s", "user_id": user, "ip": "198.51.100.1"})
+}
+
+#[tokio::test]
+async fn the_shipped_config_serves_checks_with_no_redis() {
+    let data = tempfile::tempdir().unwrap();
+    let v = Vigia::start(free_port(), data.path(), None).await;
+    let (status, b) = v.check(&claim("10086")).await;
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(b["decision"], "allow");
+    assert_eq!(b["degraded"], false);
+    assert_eq!(b["limits"][0]["key"], "lt:coupon_claim:uid:10086");
+    let (status, b) = v.check(&claim("10086")).await;
+    assert_eq!((status, b["reason"].as_str()), (429, Some("user_10s")));
+    let ready: Value = reqwest::get(format!("{}/readyz", v.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["store"], "embedded");
+}
+
+#[tokio::test]
+async fn sigterm_then_restart_keeps_every_window() {
+    let data = tempfile::tempdir().unwrap();
+    let rules = rules_with("1d");
+    let port = free_port();
+    let v = Vigia::start(port, data.path(), Some(rules.path())).await;
+    assert_eq!(v.check(&s("u")).await.0, 200);
+    assert_eq!(v.check(&s("u")).await.0, 200);
+    // Stopped right after the answers, well inside sled's flush interval.
+    v.sigterm();
+    let v = Vigia::start(port, data.path(), Some(rules.path())).await;
+    let (status, b) = v.check(&s("u")).await;
+    assert_eq!(status, 200, "{b}");
+    let counts: Vec<u64> = (0..3)
+        .map(|i| b["limits"][i]["count"].as_u64().unwrap())
+        .collect();
+    assert_eq!(counts, [3, 3, 3], "{b}");
+    assert_eq!(v.check(&s("u")).await.0, 429);
+}
+
+#[tokio::test]
+async fn a_crash_loses_at_most_the_last_flush_interval() {
+    let data = tempfile::tempdir().unwrap();
+    let rules = rules_with("1d");
+    let port = free_port();
+    let v = Vigia::start(port, data.path(), Some(rules.path())).await;
+    assert_eq!(v.check(&s("u")).await.0, 200);
+    assert_eq!(v.check(&s("u")).await.0, 200);
+    // Past the documented bound (sled flushes every FLUSH_EVERY_MS), then kill -9.
+    tokio::time::sleep(Duration::from_millis(3 * FLUSH_EVERY_MS)).await;
+    v.sigkill();
+    let v = Vigia::start(port, data.path(), Some(rules.path())).await;
+    let (status, b) = v.check(&s("u")).await;
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(b["limits"][0]["count"], 3, "{b}");
+    assert_eq!(b["limits"][1]["count"], 3, "{b}");
+    assert_eq!(v.check(&s("u")).await.0, 429);
+}
