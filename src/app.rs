@@ -98,6 +98,7 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
         checker: Arc::new(checker),
         metrics,
         last_rules_error: Arc::new(ArcSwapOption::empty()),
+        auth: config.auth.clone(),
     });
     Ok(Service { state, embedded })
 }

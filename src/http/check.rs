@@ -8,7 +8,7 @@
 //! `"name";r=REMAINING;t=RESET_S`).
 
 use actix_web::http::StatusCode;
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -63,14 +63,17 @@ pub struct RefundAnswer {
         (status = 429, description = "friendly_deny by a business limit or the gateway", body = CheckResponse),
         (status = 503, description = "friendly_deny: store unavailable and the scene fails closed", body = CheckResponse),
         (status = 400, description = "invalid request", body = super::errors::ErrorBody),
+        (status = 401, description = "check token missing or wrong", body = super::errors::ErrorBody),
         (status = 413, description = "body over 64 KiB", body = super::errors::ErrorBody),
         (status = 415, description = "not JSON", body = super::errors::ErrorBody),
     )
 )]
 pub async fn check(
+    req: HttpRequest,
     state: web::Data<AppState>,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
+    super::auth::require_check(&req, &state.auth.check_token)?;
     let rules = state.rules.current();
     let resp = state.checker.check(&rules, &body).await?;
     Ok(respond(&resp))
@@ -82,13 +85,16 @@ pub async fn check(
     responses(
         (status = 200, body = RefundAnswer),
         (status = 400, body = super::errors::ErrorBody),
+        (status = 401, description = "admin token missing or wrong (or, without one, a non-loopback peer)", body = super::errors::ErrorBody),
         (status = 503, description = "store unavailable", body = super::errors::ErrorBody),
     )
 )]
 pub async fn refund(
+    req: HttpRequest,
     state: web::Data<AppState>,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
+    super::auth::require_admin(&req, &state.auth.admin_token)?;
     let rules = state.rules.current();
     let refunded = state.checker.refund(&rules, &body).await??;
     Ok(HttpResponse::Ok().json(RefundAnswer { refunded }))

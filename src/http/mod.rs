@@ -3,6 +3,7 @@
 //! Handlers take one rule-set snapshot each and pass it down; nothing below them reads
 //! the global handle again.
 
+pub mod auth;
 pub mod check;
 pub mod errors;
 pub mod ops;
@@ -14,6 +15,7 @@ use arc_swap::ArcSwapOption;
 use utoipa::OpenApi;
 
 use crate::check::Checker;
+use crate::config::AuthConfig;
 use crate::metrics::Metrics;
 use crate::rules::RulesHandle;
 
@@ -26,6 +28,7 @@ pub struct AppState {
     pub checker: Arc<Checker>,
     pub metrics: Metrics,
     pub last_rules_error: Arc<ArcSwapOption<ops::RulesError>>,
+    pub auth: AuthConfig,
 }
 
 /// Every route: (method, path). `/openapi.json` documents exactly these (tested).

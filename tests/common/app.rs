@@ -75,6 +75,15 @@ pub async fn spawn_app(rule_files: &[(&str, &str)]) -> TestApp {
 
 /// Starts vigia over a given Redis.
 pub async fn spawn_app_with(redis: RedisServer, rule_files: &[(&str, &str)]) -> TestApp {
+    spawn_app_configured(redis, rule_files, |_| {}).await
+}
+
+/// Starts vigia over a given Redis, with a last say on the config.
+pub async fn spawn_app_configured(
+    redis: RedisServer,
+    rule_files: &[(&str, &str)],
+    configure: impl FnOnce(&mut Config),
+) -> TestApp {
     let rules_dir = tempfile::tempdir().expect("rules dir");
     for (name, text) in rule_files {
         std::fs::write(rules_dir.path().join(name), text).expect("write rule file");
@@ -89,6 +98,7 @@ pub async fn spawn_app_with(redis: RedisServer, rule_files: &[(&str, &str)]) -> 
     config.store.backend = StoreBackend::Redis;
     config.store.redis_url = redis.url();
     config.store.timeout_ms = 200;
+    configure(&mut config);
     let running = vigia::app::start(&config, Some(2))
         .await
         .unwrap_or_else(|e| panic!("vigia starts: {e}"));
