@@ -4,6 +4,7 @@
 # run. Prints throughput and latency for both and their ratio.
 #
 # Usage: benches/wrk-vs-peer.sh [DURATION_S] [CONNECTIONS]
+#   VIGIA_BENCH_STORE=embedded runs vigia on its embedded store instead (the peer stays on Redis).
 # Needs: wrk, node + npm (the peer installs its packages on first run), redis-server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ pids+=($!); wait_port "$rport"
 
 cargo build --release --quiet
 mkdir -p "$tmp/rules" && cp rules/bench.toml "$tmp/rules/"
-VIGIA_LISTEN=127.0.0.1:$vport VIGIA_RULES_DIR=$tmp/rules VIGIA_STORE=redis \
+VIGIA_LISTEN=127.0.0.1:$vport VIGIA_RULES_DIR=$tmp/rules VIGIA_STORE=${VIGIA_BENCH_STORE:-redis} VIGIA_DATA_DIR=$tmp/data \
   VIGIA_REDIS_URL=redis://127.0.0.1:$rport RUST_LOG=warn ./target/release/vigia --config config.toml &
 pids+=($!); wait_port "$vport"
 
