@@ -780,3 +780,392 @@ impl<'a> Reader<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: u64 = 0xA;
+    const B: u64 = 0xB;
+    const C: u64 = 0xC;
+
+    fn rule(window_ms: u64, max: u64) -> Option<SignalRule> {
+        Some(SignalRule { window_ms, max })
+    }
+
+    fn bounds() -> StateBounds {
+        StateBounds::from_behaviours([&Behaviour {
+            accounts_per_device: rule(1_000, 3),
+            account_switches: rule(500, 2),
+            devices_per_user: rule(1_000, 5),
+            accounts_per_ip: rule(1_000, 50),
+        }])
+    }
+
+    #[test]
+    fn entity_hash_is_pinned() {
+        // Snapshots store these hashes: a change here orphans every snapshot.
+        assert_eq!(entity_hash("10086"), entity_hash("10086"));
+        assert_ne!(entity_hash("10086"), entity_hash("10087"));
+        assert_eq!(
+            entity_hash("10086"),
+            PINNED_10086,
+            "std changed DefaultHasher"
+        );
+    }
+
+    const PINNED_10086: u64 = 9_653_547_755_553_248_206;
+
+    #[test]
+    fn distinct_window_edge_is_exclusive_of_now_minus_window() {
+        let mut s = DistinctRecent::new(8);
+        s.observe(A, 1_000);
+        // Counts while 1_000 > now - 100, i.e. up to now = 1_099.
+        assert_eq!(s.count_within(1_099, 100), 1);
+        assert_eq!(s.count_within(1_100, 100), 0);
+        // A window reaching before time 0 counts everything.
+        assert_eq!(s.count_within(50, 100), 1);
+    }
+
+    #[test]
+    fn accounts_per_device_counts_distinct_users_current_included() {
+        let b = bounds();
+        let mut d = DeviceState::new(&b);
+        d.observe(A, 100);
+        assert_eq!(d.accounts(100, 1_000), 1, "the current request counts");
+        d.observe(A, 200);
+        d.observe(B, 300);
+        assert_eq!(d.accounts(300, 1_000), 2);
+        d.observe(C, 1_199);
+        // At 1_199 the 1s window is (199, 1_199]: A (last seen 200) is still in.
+        assert_eq!(d.accounts(1_199, 1_000), 3);
+        // At 1_200 it is (200, 1_200]: A has left; B (300) and C remain.
+        assert_eq!(d.accounts(1_200, 1_000), 2);
+        // A repeat refreshes last-seen rather than adding.
+        d.observe(B, 1_200);
+        assert_eq!(d.users.len(), 3);
+        assert_eq!(d.accounts(1_250, 1_000), 2);
+    }
+
+    #[test]
+    fn account_switches_aaba_is_two() {
+        let b = bounds();
+        let mut d = DeviceState::new(&b);
+        for (i, u) in [A, A, B, A].into_iter().enumerate() {
+            d.observe(u, 100 + i as u64);
+        }
+        assert_eq!(d.switches(103, 500), 2);
+        assert_eq!(d.switches.last_user(), Some(A));
+        // Window edge: the B->A switch at 103 counts up to now = 602.
+        assert_eq!(d.switches(602, 500), 1);
+        assert_eq!(d.switches(603, 500), 0);
+    }
+
+    #[test]
+    fn switch_of_current_request_is_included() {
+        let b = bounds();
+        let mut d = DeviceState::new(&b);
+        d.observe(A, 10);
+        assert_eq!(d.switches(10, 500), 0, "first user is no switch");
+        d.observe(B, 20);
+        assert_eq!(d.switches(20, 500), 1);
+    }
+
+    #[test]
+    fn devices_per_user_and_accounts_per_ip() {
+        let b = bounds();
+        let mut u = UserState::new(&b);
+        u.observe(A, 0);
+        u.observe(B, 10);
+        u.observe(A, 20);
+        assert_eq!(u.devices(20, 1_000), 2);
+        let mut ip = IpState::new(&b);
+        for (i, user) in [A, B, C, B].into_iter().enumerate() {
+            ip.observe(user, i as u64 * 400);
+        }
+        // At 1_200: A (0) is out of the 1s window; C (800) and B (1_200) count, B once.
+        assert_eq!(ip.accounts(1_200, 1_000), 2);
+        assert_eq!(ip.accounts(1_200, 1_300), 3);
+    }
+
+    #[test]
+    fn window_smaller_than_retain_answers_each_scene() {
+        let behaviours = [
+            Behaviour {
+                accounts_per_device: rule(10_000, 3),
+                ..Behaviour::default()
+            },
+            Behaviour {
+                accounts_per_device: rule(1_000, 1),
+                account_switches: rule(2_000, 0),
+                ..Behaviour::default()
+            },
+        ];
+        let b = StateBounds::from_behaviours(&behaviours);
+        assert_eq!(b.device_retain_ms, 10_000);
+        assert_eq!(b.device_users_cap, 4);
+        assert_eq!(b.device_switches_cap, 1);
+        let mut d = DeviceState::new(&b);
+        d.observe(A, 0);
+        d.observe(B, 5_000);
+        d.trim(5_000, b.device_retain_ms);
+        let long = d.signals(5_000, &behaviours[0]);
+        let short = d.signals(5_000, &behaviours[1]);
+        assert_eq!(long.accounts_per_device, Some(2));
+        assert_eq!(long.account_switches, None);
+        assert_eq!(short.accounts_per_device, Some(1));
+        assert_eq!(short.account_switches, Some(1));
+        assert_eq!(short.devices_per_user, None);
+    }
+
+    #[test]
+    fn signals_merge_across_kinds() {
+        let beh = Behaviour {
+            accounts_per_device: rule(1_000, 3),
+            devices_per_user: rule(1_000, 5),
+            accounts_per_ip: rule(1_000, 50),
+            ..Behaviour::default()
+        };
+        let b = StateBounds::from_behaviours([&beh]);
+        let (mut d, mut u, mut ip) = (DeviceState::new(&b), UserState::new(&b), IpState::new(&b));
+        d.observe(A, 1);
+        u.observe(B, 1);
+        ip.observe(A, 1);
+        let s = d
+            .signals(1, &beh)
+            .merge(u.signals(1, &beh))
+            .merge(ip.signals(1, &beh));
+        assert_eq!(
+            s,
+            Signals {
+                accounts_per_device: Some(1),
+                account_switches: None,
+                devices_per_user: Some(1),
+                accounts_per_ip: Some(1),
+            }
+        );
+    }
+
+    #[test]
+    fn trim_drops_old_state_and_empties() {
+        let b = bounds();
+        let mut d = DeviceState::new(&b);
+        d.observe(A, 0);
+        d.observe(B, 400);
+        d.trim(1_000, 1_000);
+        assert!(!d.is_empty(), "B at 400 is still inside 1s");
+        assert_eq!(d.last_seen(), Some(400));
+        assert_eq!(d.users.len(), 1);
+        d.trim(1_400, 1_000);
+        assert!(
+            d.is_empty(),
+            "device silent for retain_ms is forgotten whole"
+        );
+        assert_eq!(d.last_seen(), None);
+        assert_eq!(d.switches.last_user(), None);
+        // The first user after the silence is not a switch.
+        d.observe(C, 5_000);
+        assert_eq!(d.switches(5_000, 500), 0);
+
+        let mut u = UserState::new(&b);
+        u.observe(A, 0);
+        u.trim(999, 1_000);
+        assert!(!u.is_empty());
+        u.trim(1_000, 1_000);
+        assert!(u.is_empty());
+        let mut ip = IpState::new(&b);
+        ip.observe(A, 0);
+        ip.trim(1_000, 1_000);
+        assert!(ip.is_empty());
+    }
+
+    #[test]
+    fn cap_evicts_least_recently_seen_and_count_saturates() {
+        let mut s = DistinctRecent::new(3);
+        s.observe(1, 10);
+        s.observe(2, 20);
+        s.observe(3, 30);
+        s.observe(1, 40); // 1 is now the most recent; 2 the least.
+        s.observe(4, 50); // evicts 2
+        assert_eq!(s.len(), 3);
+        assert_eq!(s.count_within(50, 1_000), 3);
+        s.observe(2, 60); // 2 is new again; evicts 3
+        s.observe(3, 70); // evicts 1
+        assert_eq!(s.count_within(70, 25), 3, "4, 2, 3 are held");
+        for h in 100..10_000 {
+            s.observe(h, 100 + h);
+        }
+        assert_eq!(s.count_within(20_000, 100_000), 3, "saturates at the cap");
+        assert_eq!(s.len(), 3);
+        assert!(
+            s.heap_bytes() <= 3 * 16,
+            "capacity never grows past the cap"
+        );
+        s.set_cap(2);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.last_seen(), Some(100 + 9_999));
+    }
+
+    #[test]
+    fn switches_cap_drops_oldest_and_saturates() {
+        let mut sw = Switches::new(2);
+        for i in 0..10u64 {
+            sw.observe(i % 2, i * 10);
+        }
+        assert_eq!(sw.count_within(90, 1_000), 2);
+        assert_eq!(sw.count_within(90, 10), 1, "the newest (90) is kept");
+        assert_eq!(
+            sw.count_within(90, 11),
+            2,
+            "80 too; 70 and older were dropped"
+        );
+    }
+
+    #[test]
+    fn saturated_count_still_exceeds_max_with_safe_cap() {
+        let r = SignalRule {
+            window_ms: 1_000,
+            max: 3,
+        };
+        let cap = safe_cap([&r]);
+        assert_eq!(cap, 4);
+        let mut s = DistinctRecent::new(cap);
+        for h in 0..1_000 {
+            s.observe(h, 500);
+        }
+        assert!(s.count_within(500, r.window_ms) > r.max);
+        assert_eq!(safe_cap([]), 1);
+        assert_eq!(retain_ms([]), 0);
+        let huge = SignalRule {
+            window_ms: 1,
+            max: u64::MAX,
+        };
+        assert_eq!(safe_cap([&huge]), u32::MAX);
+    }
+
+    #[test]
+    fn last_seen_never_moves_back() {
+        let mut s = DistinctRecent::new(4);
+        s.observe(A, 100);
+        s.observe(B, 50); // a late request from a skewed clock
+        s.observe(A, 40);
+        assert_eq!(s.last_seen(), Some(100));
+        assert_eq!(s.count_within(100, 50), 1, "B at 50 sorted before A at 100");
+        assert_eq!(s.count_within(100, 51), 2);
+    }
+
+    fn sample_device() -> DeviceState {
+        let b = bounds();
+        let mut d = DeviceState::new(&b);
+        for (i, u) in [A, B, A, C].into_iter().enumerate() {
+            d.observe(u, 1_700_000_000_000 + i as u64 * 7);
+        }
+        d
+    }
+
+    #[test]
+    fn snapshot_round_trips() {
+        let d = sample_device();
+        let bytes = d.to_bytes();
+        assert_eq!(bytes[0], FORMAT_VERSION);
+        assert_eq!(DeviceState::from_bytes(&bytes), Ok(d.clone()));
+        let empty = DeviceState::new(&bounds());
+        assert_eq!(DeviceState::from_bytes(&empty.to_bytes()), Ok(empty));
+
+        let mut u = UserState::new(&bounds());
+        u.observe(A, 5);
+        u.observe(B, 6);
+        assert_eq!(UserState::from_bytes(&u.to_bytes()), Ok(u));
+        let mut ip = IpState::new(&bounds());
+        ip.observe(C, u64::MAX);
+        assert_eq!(IpState::from_bytes(&ip.to_bytes()), Ok(ip));
+    }
+
+    #[test]
+    fn snapshot_rejects_truncated_and_foreign_bytes() {
+        let bytes = sample_device().to_bytes();
+        for n in 0..bytes.len() {
+            assert_eq!(
+                DeviceState::from_bytes(&bytes[..n]),
+                Err(DecodeError::Truncated),
+                "prefix of {n} bytes"
+            );
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert_eq!(
+            DeviceState::from_bytes(&long),
+            Err(DecodeError::TrailingBytes(1))
+        );
+        let mut v2 = bytes.clone();
+        v2[0] = 2;
+        assert_eq!(
+            DeviceState::from_bytes(&v2),
+            Err(DecodeError::UnknownVersion(2))
+        );
+        assert!(matches!(
+            UserState::from_bytes(&bytes),
+            Err(DecodeError::WrongKind { .. })
+        ));
+        // A length beyond the cap is refused before any allocation.
+        let mut huge = IpState::new(&bounds()).to_bytes();
+        huge[6..10].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(
+            IpState::from_bytes(&huge),
+            Err(DecodeError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn snapshot_rejects_unsorted_entries() {
+        let mut ip = IpState::new(&bounds());
+        ip.observe(A, 1);
+        ip.observe(B, 2);
+        let mut bytes = ip.to_bytes();
+        // Entries start after version, kind, cap, len (10 bytes); swap their times.
+        let (first_at, second_at) = (10 + 8..10 + 16, 10 + 24..10 + 32);
+        let t1: [u8; 8] = bytes[first_at.clone()].try_into().expect("8 bytes");
+        let t2: [u8; 8] = bytes[second_at.clone()].try_into().expect("8 bytes");
+        bytes[first_at].copy_from_slice(&t2);
+        bytes[second_at].copy_from_slice(&t1);
+        assert_eq!(
+            IpState::from_bytes(&bytes),
+            Err(DecodeError::Corrupt("set not sorted by last seen"))
+        );
+    }
+
+    #[test]
+    fn one_million_single_user_devices_under_96_bytes_each() {
+        const N: u64 = 1_000_000;
+        const BOUND_PER_DEVICE: usize = 96;
+        let b = bounds();
+        let mut devices = Vec::with_capacity(N as usize);
+        for i in 0..N {
+            let mut d = DeviceState::new(&b);
+            d.observe(i.wrapping_mul(0x9E37_79B9_7F4A_7C15), 1_700_000_000_000 + i);
+            devices.push(d);
+        }
+        let total: usize = devices.iter().map(DeviceState::approx_bytes).sum();
+        let per = total / N as usize;
+        assert!(
+            total < BOUND_PER_DEVICE * N as usize,
+            "{per} bytes per device, bound < {BOUND_PER_DEVICE}"
+        );
+        // The typical user and IP (one device, one user) are smaller still.
+        let mut u = UserState::new(&b);
+        u.observe(A, 1);
+        assert!(u.approx_bytes() < 64, "user: {} bytes", u.approx_bytes());
+        let mut ip = IpState::new(&b);
+        ip.observe(A, 1);
+        assert!(ip.approx_bytes() < 64, "ip: {} bytes", ip.approx_bytes());
+    }
+
+    #[test]
+    fn layout_sizes_are_as_documented() {
+        assert_eq!(size_of::<Entry>(), 16);
+        assert_eq!(size_of::<DistinctRecent>(), 32);
+        assert_eq!(size_of::<Switches>(), 40);
+        // Users grow 1, 2, 4 slots; switches (A,B,A,C: three) 1, 2, then up to their cap 3.
+        assert_eq!(sample_device().approx_bytes(), 72 + 4 * 16 + 3 * 8);
+    }
+}
