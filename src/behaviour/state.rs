@@ -171,19 +171,10 @@ fn in_window(at: u64, now: u64, window: u64) -> bool {
     }
 }
 
-/// How many of the ascending `times` lie in the window.
-fn count_sorted(times: impl Fn(usize) -> u64, len: usize, now: u64, window: u64) -> usize {
-    // partition_point over an index range: the first index inside the window.
-    let (mut lo, mut hi) = (0, len);
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if in_window(times(mid), now, window) {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
-    }
-    len - lo
+/// Index of the first of the ascending-by-time `items` inside the window: everything
+/// before it is out, everything from it on is in.
+fn first_in_window<T>(items: &[T], at: impl Fn(&T) -> u64, now: u64, window: u64) -> usize {
+    items.partition_point(|x| !in_window(at(x), now, window))
 }
 
 /// Grows `v` by one slot when full: doubling, but never past `cap` and never starting at
@@ -266,14 +257,12 @@ impl DistinctRecent {
 
     /// Distinct entities seen within `(now - window_ms, ..]`, at most `cap`.
     pub fn count_within(&self, now: u64, window_ms: u64) -> u64 {
-        count_sorted(|i| self.entries[i].at, self.entries.len(), now, window_ms) as u64
+        (self.entries.len() - first_in_window(&self.entries, |e| e.at, now, window_ms)) as u64
     }
 
     /// Drops entries that no window up to `retain_ms` can count.
     pub fn trim(&mut self, now: u64, retain_ms: u64) {
-        let keep_from = self
-            .entries
-            .partition_point(|e| !in_window(e.at, now, retain_ms));
+        let keep_from = first_in_window(&self.entries, |e| e.at, now, retain_ms);
         if keep_from > 0 {
             self.entries.drain(..keep_from);
             shrink_after_trim(&mut self.entries);
@@ -387,14 +376,12 @@ impl Switches {
 
     /// Switches within `(now - window_ms, ..]`, at most `cap`.
     pub fn count_within(&self, now: u64, window_ms: u64) -> u64 {
-        count_sorted(|i| self.times[i], self.times.len(), now, window_ms) as u64
+        (self.times.len() - first_in_window(&self.times, |&t| t, now, window_ms)) as u64
     }
 
     /// Drops switches that no window up to `retain_ms` can count (keeps the last user).
     pub fn trim(&mut self, now: u64, retain_ms: u64) {
-        let keep_from = self
-            .times
-            .partition_point(|&t| !in_window(t, now, retain_ms));
+        let keep_from = first_in_window(&self.times, |&t| t, now, retain_ms);
         if keep_from > 0 {
             self.times.drain(..keep_from);
             shrink_after_trim(&mut self.times);
