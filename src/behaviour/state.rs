@@ -31,7 +31,7 @@
 //! window edges are exact. Sets are `Vec`s kept sorted by last-seen: membership is a
 //! linear scan from the newest end (repeat visitors are found first), counting and
 //! trimming are a binary search, eviction takes the front. Sets are small; the cap
-//! bounds the large ones. `Vec`s grow one step at a time (no 4-slot first allocation).
+//! bounds the large ones. `Vec`s start at one slot (not `Vec`'s four) and double up to the cap.
 //!
 //! # Snapshots
 //!
