@@ -5,6 +5,7 @@
 //! operators' rule set; `config` the service's own settings; `sweep` the maintenance tool.
 
 pub mod app;
+pub mod behaviour;
 pub mod check;
 pub mod cli;
 pub mod clock;
