@@ -259,14 +259,14 @@ mod tests {
     #[test]
     fn passwords_are_redacted() {
         assert_eq!(
-            redact("redis://:s3cret@10.0.0.1:6379/0"),
-            "redis://***@10.0.0.1:6379/0"
+            redact("redis://:s3cret@10.0.0.1:6400/0"),
+            "redis://***@10.0.0.1:6400/0"
         );
         assert_eq!(
             redact("rediss://user:pw@host:6380"),
             "rediss://***@host:6380"
         );
-        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redact("redis://127.0.0.1:6400"), "redis://127.0.0.1:6400");
         assert_eq!(redact("redis://h/0?x=a@b"), "redis://h/0?x=a@b");
     }
 }

@@ -42,7 +42,6 @@ pub struct RedisStore {
     conn: ConnectionManager,
     check_script: Script,
     refund_script: Script,
-    timeout: Duration,
     timeout_ms: u64,
     /// Tests only: `Some` replaces Redis `TIME` with this clock.
     clock: Option<Arc<dyn Clock>>,
@@ -90,7 +89,6 @@ impl RedisStore {
             conn,
             check_script,
             refund_script,
-            timeout,
             timeout_ms,
             clock: None,
         })
@@ -108,7 +106,7 @@ impl RedisStore {
         &self,
         fut: impl std::future::Future<Output = Result<T, RedisError>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, fut).await {
+        match tokio::time::timeout(Duration::from_millis(self.timeout_ms), fut).await {
             Ok(result) => result.map_err(|e| map_redis_error(e, self.timeout_ms)),
             Err(_) => Err(StoreError::Timeout(self.timeout_ms)),
         }
