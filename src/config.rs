@@ -62,6 +62,38 @@ pub struct AuthConfig {
     pub check_token: String,
 }
 
+/// `[behaviour]`: the behaviour actors. Every field has a default; the section may be absent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BehaviourConfig {
+    /// Actor shards per dimension (device, user, ip); entities are routed by hash.
+    pub shards: usize,
+    /// OS threads hosting the shards (each runs its own actix System).
+    pub threads: usize,
+    /// Bounded mailbox of each shard; a full mailbox makes a check wait at most `deadline_ms`.
+    pub mailbox: usize,
+    /// How long a check waits for a shard's answer before going on without that signal, ms.
+    pub deadline_ms: u64,
+    /// Entities kept per dimension (split evenly over its shards); the least recently seen
+    /// is evicted past it.
+    pub max_entities: usize,
+    /// How often each shard writes changed entities to sled, ms (and always at shutdown).
+    pub snapshot_every_ms: u64,
+}
+
+impl Default for BehaviourConfig {
+    fn default() -> Self {
+        BehaviourConfig {
+            shards: 16,
+            threads: 2,
+            mailbox: 1024,
+            deadline_ms: 5,
+            max_entities: 1_000_000,
+            snapshot_every_ms: 5_000,
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -71,6 +103,7 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub store: StoreConfig,
     pub auth: AuthConfig,
+    pub behaviour: BehaviourConfig,
 }
 
 impl Default for Config {
@@ -81,6 +114,7 @@ impl Default for Config {
             data_dir: "data".into(),
             store: StoreConfig::default(),
             auth: AuthConfig::default(),
+            behaviour: BehaviourConfig::default(),
         }
     }
 }
@@ -191,6 +225,22 @@ impl Config {
                 "store.timeout_ms",
                 format!("{} is not within 1..=60000", self.store.timeout_ms),
             ));
+        }
+        let b = &self.behaviour;
+        for (field, value, range) in [
+            ("behaviour.shards", b.shards as u64, 1..=1024),
+            ("behaviour.threads", b.threads as u64, 1..=64),
+            ("behaviour.mailbox", b.mailbox as u64, 1..=1_000_000),
+            ("behaviour.deadline_ms", b.deadline_ms, 1..=10_000),
+            ("behaviour.max_entities", b.max_entities as u64, 1..=1_000_000_000),
+            ("behaviour.snapshot_every_ms", b.snapshot_every_ms, 100..=3_600_000),
+        ] {
+            if !range.contains(&value) {
+                out.push((
+                    field,
+                    format!("{value} is not within {}..={}", range.start(), range.end()),
+                ));
+            }
         }
         let prefix = &self.store.key_prefix;
         let prefix_ok = !prefix.is_empty()

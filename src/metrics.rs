@@ -18,6 +18,10 @@ pub struct Metrics {
     degraded: IntCounterVec,
     rule_reloads: IntCounterVec,
     rules_loaded: IntGaugeVec,
+    behaviour_unanswered: IntCounterVec,
+    behaviour_entities: IntGaugeVec,
+    events: IntCounterVec,
+    trust_errors: IntCounterVec,
 }
 
 /// Check latency buckets, seconds: sub-millisecond answers up to the store timeout and past.
@@ -68,6 +72,21 @@ impl Metrics {
             "Rule set loads by result.",
             &["result"],
         );
+        let behaviour_unanswered = counter(
+            "vigia_behaviour_unanswered_total",
+            "Behaviour shard queries that gave no signal in time, by dimension and reason (timeout, mailbox).",
+            &["dimension", "reason"],
+        );
+        let events = counter(
+            "vigia_events_total",
+            "Trust events by type and result (accepted, duplicate, invalid, applied, deferred, failed).",
+            &["type", "result"],
+        );
+        let trust_errors = counter(
+            "vigia_trust_errors_total",
+            "Trust ledger reads or writes that failed, by operation.",
+            &["operation"],
+        );
         let check_latency = HistogramVec::new(
             HistogramOpts::new("vigia_check_duration_seconds", "Check latency by scene.")
                 .buckets(LATENCY_BUCKETS.to_vec()),
@@ -85,8 +104,23 @@ impl Metrics {
         registry
             .register(Box::new(rules_loaded.clone()))
             .expect("unique metric");
+        let behaviour_entities = IntGaugeVec::new(
+            Opts::new(
+                "vigia_behaviour_entities",
+                "Entities held by the behaviour actors, by dimension.",
+            ),
+            &["dimension"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(behaviour_entities.clone()))
+            .expect("unique metric");
         Metrics {
             registry,
+            behaviour_unanswered,
+            behaviour_entities,
+            events,
+            trust_errors,
             decisions,
             blocks,
             check_latency,
@@ -131,6 +165,30 @@ impl Metrics {
     pub fn rules_version(&self, version: &str) {
         self.rules_loaded.reset();
         self.rules_loaded.with_label_values(&[version]).set(1);
+    }
+
+    /// A behaviour shard did not answer a check in time (`reason`: timeout, mailbox).
+    pub fn behaviour_unanswered(&self, dimension: &str, reason: &str) {
+        self.behaviour_unanswered
+            .with_label_values(&[dimension, reason])
+            .inc();
+    }
+
+    /// Adds `delta` (may be negative) to the entities a dimension's shards hold.
+    pub fn behaviour_entities(&self, dimension: &str, delta: i64) {
+        self.behaviour_entities
+            .with_label_values(&[dimension])
+            .add(delta);
+    }
+
+    /// One trust event of `kind` ended as `result`.
+    pub fn event(&self, kind: &str, result: &str) {
+        self.events.with_label_values(&[kind, result]).inc();
+    }
+
+    /// A trust ledger `operation` (read, award) failed.
+    pub fn trust_error(&self, operation: &str) {
+        self.trust_errors.with_label_values(&[operation]).inc();
     }
 
     /// The Prometheus text exposition.

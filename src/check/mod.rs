@@ -230,22 +230,35 @@ impl Checker {
         rules: &RuleSet,
         body: &Value,
     ) -> Result<Result<bool, StoreError>, RequestError> {
+        let op = self.refund_op(rules, body)?;
+        Ok(self.refund_with(&op).await)
+    }
+
+    /// The store op that refunds the request a `/v1/refund` body (or a
+    /// `benefit_rolled_back` event) names, computed once so it can be journaled and
+    /// replayed later against the same keys.
+    pub fn refund_op(&self, rules: &RuleSet, body: &Value) -> Result<RefundOp, RequestError> {
         let req = request::parse_refund(rules, body)?;
         let ks = KeySpace {
             prefix: &self.key_prefix,
             scene: &req.scene.name,
         };
-        let op = RefundOp {
+        Ok(RefundOp {
             record_key: ks.record_key(&req.request_id),
             request_id: req.request_id.clone(),
             keys: refund_keys(&ks, &req.scene, &req.values),
-        };
-        let result = self.store.refund(&op).await;
+        })
+    }
+
+    /// Runs a refund op against the store. `Ok(false)` when the store does not know the
+    /// request (never counted, expired, or already refunded): replaying a refund is harmless.
+    pub async fn refund_with(&self, op: &RefundOp) -> Result<bool, StoreError> {
+        let result = self.store.refund(op).await;
         if let Err(e) = &result {
             self.metrics
                 .store_error(self.store.kind(), store_error_kind(e));
         }
-        Ok(result)
+        result
     }
 }
 

@@ -72,8 +72,9 @@ pub enum CheckOutcome {
     Duplicate { of: String },
 }
 
-/// Everything one refund asks of the store.
-#[derive(Debug, Clone, PartialEq)]
+/// Everything one refund asks of the store. Serialisable: a `benefit_rolled_back` event
+/// journals it so a replay refunds exactly the keys computed when the event was accepted.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RefundOp {
     pub record_key: String,
     pub request_id: String,
