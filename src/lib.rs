@@ -15,3 +15,4 @@ pub mod metrics;
 pub mod rules;
 pub mod store;
 pub mod sweep;
+pub mod trust;

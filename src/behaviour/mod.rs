@@ -15,3 +15,6 @@
 //! actix System, with memory accounting and a compact snapshot encoding.
 
 pub mod state;
+pub mod observe;
+
+pub use observe::{Observation, Observed, Unanswered};
