@@ -35,6 +35,7 @@ pub mod reason {
     pub const GATEWAY_RATE: &str = "gateway_rate";
     pub const STORE_UNAVAILABLE: &str = "store_unavailable";
     pub const INVALID_DEVICE_ID: &str = "invalid_device_id";
+    pub const SCORE: &str = "score";
 }
 
 /// One limit as the response reports it.

@@ -1,11 +1,14 @@
-//! The check path as one readable async fn: validate -> gateway -> keys -> store ->
-//! decision. Each stage is its own module; this one only sequences them and records
+//! The check path as one readable async fn: validate -> gateway -> profile (behaviour
+//! actors and trust, concurrently) -> score -> keys and effective max -> store -> decision. Each stage is its own module; this one only sequences them and records
 //! telemetry. The rule set is one snapshot passed in by the caller and used throughout.
 
 pub mod decision;
 pub mod gateway;
 pub mod keys;
+pub mod profile;
+pub mod quota;
 pub mod request;
+pub mod score;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -13,12 +16,15 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use crate::clock::SystemClock;
 use crate::metrics::Metrics;
 use crate::rules::{Algorithm, Dimension, Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
 use crate::store::{CheckOp, CheckOutcome, LimitOp, RefundOp, StoreError, WindowStore};
 use decision::{apply_denied, reason, reports, AppliedLimit, CheckResponse, RateLimitInfo};
 use gateway::Gateways;
 use keys::{DimensionValues, KeySpace};
+use profile::{Profile, Profiler};
+use quota::effective_max;
 pub use request::{CheckRequest, RequestError};
 
 /// How long a store-unavailable deny tells the client to wait.
@@ -31,6 +37,7 @@ pub struct Checker {
     /// then `local` answers like `fail_close`).
     local: Option<Arc<dyn WindowStore>>,
     gateways: Gateways,
+    profiler: Profiler,
     metrics: Metrics,
     key_prefix: String,
 }
@@ -46,9 +53,17 @@ impl Checker {
             store,
             local,
             gateways: Gateways::default(),
+            profiler: Profiler::new(None, None, Arc::new(SystemClock), metrics.clone()),
             metrics,
             key_prefix: key_prefix.to_string(),
         }
+    }
+
+    /// Uses `profiler` for behaviour signals and trust (without one, every check has no
+    /// signals and no trust).
+    pub fn with_profiler(mut self, profiler: Profiler) -> Self {
+        self.profiler = profiler;
+        self
     }
 
     /// Brings per-scene in-process state (gateway buckets) in line with a new rule set.
@@ -98,7 +113,24 @@ impl Checker {
                 return resp;
             }
         }
-        let (op, applied) = self.check_op(scene, req);
+        let profile = self.profiler.profile(rules, req).await;
+        let scored = score::score(
+            scene,
+            &profile.signals,
+            profile.new_account,
+            rules.trust.as_ref(),
+            profile.points,
+        );
+        resp.score = scored.score;
+        resp.signals = scored.signals;
+        resp.trust.points = profile.points;
+        // Security outranks business: a score over the line is a silent deny whatever the
+        // limits say, and it consumes no quota (a denied request counts nowhere).
+        if scored.deny {
+            resp.silent_deny(reason::SCORE);
+            return resp;
+        }
+        let (op, applied) = self.check_op(scene, req, &profile);
         let outcome = match self.store.check(&op).await {
             Ok(outcome) => outcome,
             Err(e) => match self.on_store_error(scene, &op, &e).await {
@@ -153,7 +185,12 @@ impl Checker {
     }
 
     /// The store op of one check: every limit of the scene with its key and effective max.
-    fn check_op(&self, scene: &Scene, req: &CheckRequest) -> (CheckOp, Vec<AppliedLimit>) {
+    fn check_op(
+        &self,
+        scene: &Scene,
+        req: &CheckRequest,
+        profile: &Profile,
+    ) -> (CheckOp, Vec<AppliedLimit>) {
         let ks = KeySpace {
             prefix: &self.key_prefix,
             scene: &scene.name,
@@ -171,7 +208,7 @@ impl Checker {
                         key,
                         algorithm: limit.algorithm,
                         window_ms: limit.window_ms,
-                        max: effective_max(scene, limit, ip),
+                        max: effective_max(scene, limit, ip, &profile.adjust),
                         retain_ms: limit.window_ms,
                     },
                 })
@@ -278,20 +315,6 @@ fn refund_keys(ks: &KeySpace, scene: &Scene, values: &DimensionValues) -> Vec<St
 /// so a duplicate inside any window is recognised.
 fn record_ttl_ms(scene: &Scene) -> u64 {
     scene.longest_window_ms().max(1000)
-}
-
-/// The max that applies: a CIDR override for the request's IP (the most specific range
-/// wins) replaces the limit's own.
-fn effective_max(scene: &Scene, limit: &Limit, ip: Option<IpAddr>) -> u64 {
-    let Some(ip) = ip.filter(|_| limit.dimensions.contains(&Dimension::Ip)) else {
-        return limit.max;
-    };
-    scene
-        .overrides
-        .iter()
-        .filter(|o| o.limit == limit.name && o.cidr.contains(&ip))
-        .max_by_key(|o| o.cidr.prefix_len())
-        .map_or(limit.max, |o| o.max)
 }
 
 fn dimension_label(limit: &Limit) -> String {

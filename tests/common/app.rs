@@ -98,6 +98,11 @@ pub async fn spawn_app_configured(
     config.store.backend = StoreBackend::Redis;
     config.store.redis_url = redis.url();
     config.store.timeout_ms = 200;
+    // Signals must arrive for the scoring tests to mean anything: a debug build on two
+    // shared cores can miss a few-ms deadline. The degrade-to-no-signal path is tested
+    // with a stalled shard and a short deadline in the behaviour module itself.
+    config.behaviour.deadline_ms = 1_000;
+    config.behaviour.shards = 4;
     configure(&mut config);
     let running = vigia::app::start(&config, Some(2))
         .await

@@ -8,6 +8,7 @@ mod durability;
 mod http_check;
 mod http_errors;
 mod ops;
+mod scoring;
 mod store_embedded;
 mod store_redis;
 mod store_suite;
