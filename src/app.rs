@@ -8,8 +8,10 @@ use actix_web::dev::ServerHandle;
 use actix_web::{web, App, HttpServer};
 use arc_swap::ArcSwapOption;
 
+use crate::behaviour::{BehaviourError, Behaviours};
+use crate::check::profile::Profiler;
 use crate::check::Checker;
-use crate::clock::SystemClock;
+use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, StoreBackend};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
@@ -38,6 +40,8 @@ pub enum StartError {
     },
     #[error("server: {0}")]
     Server(std::io::Error),
+    #[error("behaviour state: {0}")]
+    Behaviour(#[from] BehaviourError),
 }
 
 /// A built service, not yet listening.
@@ -45,6 +49,8 @@ pub struct Service {
     pub state: web::Data<AppState>,
     /// Embedded stores to flush at shutdown.
     pub embedded: Vec<Arc<EmbeddedStore>>,
+    /// The behaviour actors, to snapshot and stop at shutdown.
+    pub behaviours: Behaviours,
 }
 
 /// Opens an embedded store under `data_dir/name` with its reaper running.
@@ -90,7 +96,20 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
             }
             StoreBackend::RedisCluster => return Err(StartError::Backend("redis_cluster")),
         };
-    let checker = Checker::new(store, local, metrics.clone(), &config.store.key_prefix);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let behaviours = Behaviours::start(
+        &config.behaviour,
+        &config.data_dir.join("behaviour"),
+        clock.clone(),
+        metrics.clone(),
+    )?;
+    let checker = Checker::new(store, local, metrics.clone(), &config.store.key_prefix)
+        .with_profiler(Profiler::new(
+            Some(behaviours.clone()),
+            None,
+            clock.clone(),
+            metrics.clone(),
+        ));
     checker.sync_rules(&ruleset);
     tracing::info!(version = %ruleset.version, scenes = ruleset.scenes.len(), "rules loaded");
     let state = web::Data::new(AppState {
@@ -100,7 +119,11 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
         last_rules_error: Arc::new(ArcSwapOption::empty()),
         auth: config.auth.clone(),
     });
-    Ok(Service { state, embedded })
+    Ok(Service {
+        state,
+        embedded,
+        behaviours,
+    })
 }
 
 /// A service listening on a socket.
@@ -110,6 +133,7 @@ pub struct Running {
     pub server: actix_web::dev::Server,
     pub state: web::Data<AppState>,
     pub embedded: Vec<Arc<EmbeddedStore>>,
+    pub behaviours: Behaviours,
 }
 
 /// Builds and binds the service (`listen` may use port 0); the caller awaits `server`.
@@ -117,6 +141,7 @@ pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, S
     let service = build(config).await?;
     let state = service.state.clone();
     let embedded = service.embedded.clone();
+    let behaviours = service.behaviours.clone();
     let data = service.state;
     let mut server =
         HttpServer::new(move || App::new().app_data(data.clone()).configure(http::configure))
@@ -145,6 +170,7 @@ pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, S
         server,
         state,
         embedded,
+        behaviours,
     })
 }
 
@@ -153,7 +179,11 @@ pub async fn serve(config: &Config) -> Result<(), StartError> {
     let running = start(config, None).await?;
     tracing::info!(addr = %running.addr, "vigia listening");
     let result = running.server.await.map_err(StartError::Server);
-    // SIGTERM/SIGINT: the server drained; make every window durable before exiting.
+    // SIGTERM/SIGINT: the server drained; make every window and every entity's behaviour
+    // durable before exiting.
+    if let Err(e) = running.behaviours.shutdown().await {
+        tracing::error!(error = %e, "behaviour: snapshot at shutdown failed");
+    }
     for store in &running.embedded {
         if let Err(e) = store.flush() {
             tracing::error!(error = %e, "embedded store: flush at shutdown failed");

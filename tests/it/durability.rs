@@ -83,8 +83,10 @@ impl Drop for Vigia {
     }
 }
 
+/// A claim by a long-standing user (the shipped rules halve a new account's quota).
 fn claim(user: &str) -> Value {
-    json!({"scene": "coupon_claim", "user_id": user, "device_id": "device-0001", "ip": "203.0.113.7"})
+    json!({"scene": "coupon_claim", "user_id": user, "device_id": "device-0001",
+           "ip": "203.0.113.7", "user_created_at": "2020-01-01T00:00:00Z"})
 }
 
 fn rules_with(limit_window: &str) -> tempfile::TempDir {
