@@ -5,16 +5,21 @@
 //! instead: distinct accounts per device, account switches on a device, devices per user,
 //! accounts per IP (`[scene.X.behaviour]` in API.md). Their values feed the scorer.
 //!
-//! The module will own the behaviour actors: one set of shards per dimension (device,
-//! user, ip), each shard an actix actor keyed by [`state::entity_hash`] of the entity id,
-//! owning its entities' state, capping the number of entities (least recently seen out),
-//! trimming on a timer and snapshotting to sled so a restart does not hand attackers a
-//! clean slate.
+//! [`Behaviours`] is the handle to the behaviour actors: one set of shards per dimension
+//! (device, user, ip), each shard an actix actor owning the entities whose
+//! [`state::entity_hash`] routes to it, capping their number (least recently seen out),
+//! trimming on access and on a timer, and snapshotting to sled so a restart does not hand
+//! attackers a clean slate. A check asks them with an [`Observation`] and gets
+//! [`Observed`] back within the configured deadline, whatever state the shards are in.
 //!
 //! [`state`] is the math those actors run: plain data and functions, testable without an
-//! actix System, with memory accounting and a compact snapshot encoding.
+//! actix System, with memory accounting and a compact snapshot encoding. `shard` wraps it
+//! in the actor; `pool` starts, routes, snapshots and stops the shards.
 
 pub mod observe;
+mod pool;
+mod shard;
 pub mod state;
 
 pub use observe::{Observation, Observed, Unanswered};
+pub use pool::{BehaviourError, Behaviours};
