@@ -284,6 +284,7 @@ impl Behaviours {
     ) -> Result<Behaviours, BehaviourError> {
         let path = dir.to_path_buf();
         let shards = cfg.shards.max(1);
+        // A thread beyond one per shard would host nothing.
         let threads = cfg.threads.clamp(1, 3 * shards);
         let cap = cfg.max_entities.div_ceil(shards).max(1);
         let db = sled::Config::new()
