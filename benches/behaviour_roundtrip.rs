@@ -90,7 +90,9 @@ fn main() {
         // Warm up: fill the shards a little so the maps are not empty.
         caller(b.clone(), 99).await;
         report("1 caller", caller(b.clone(), 1).await);
-        let tasks: Vec<_> = (0..16).map(|s| tokio::spawn(caller(b.clone(), 100 + s))).collect();
+        let tasks: Vec<_> = (0..16)
+            .map(|s| tokio::spawn(caller(b.clone(), 100 + s)))
+            .collect();
         let mut all = Vec::new();
         for t in tasks {
             all.extend(t.await.expect("caller"));

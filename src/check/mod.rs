@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::clock::SystemClock;
 use crate::metrics::Metrics;
-use crate::rules::{Algorithm, Dimension, Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
+use crate::rules::{Algorithm, Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
 use crate::store::{CheckOp, CheckOutcome, LimitOp, RefundOp, StoreError, WindowStore};
 use decision::{apply_denied, reason, reports, AppliedLimit, CheckResponse, RateLimitInfo};
 use gateway::Gateways;

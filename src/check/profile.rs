@@ -67,7 +67,8 @@ impl Profiler {
             .map(|b| {
                 // State is shared by every scene, so its caps and retention come from all
                 // of them; a handful of scenes makes this cheap next to the round trip.
-                let bounds = StateBounds::from_behaviours(rules.scenes.values().map(|s| &s.behaviour));
+                let bounds =
+                    StateBounds::from_behaviours(rules.scenes.values().map(|s| &s.behaviour));
                 b.observe(Observation {
                     user,
                     device: req.values.get(Dimension::Device),
