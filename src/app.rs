@@ -9,7 +9,7 @@ use actix_web::{web, App, HttpServer};
 use arc_swap::ArcSwapOption;
 
 use crate::check::Checker;
-use crate::clock::SystemClock;
+use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, StoreBackend};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
@@ -17,6 +17,7 @@ use crate::rules::{self, RuleErrors, RulesHandle};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
 use crate::store::{StoreError, WindowStore};
+use crate::trust::{journal, Events, EventsError, RedisLedger, SledLedger, TrustLedger};
 
 /// Why the service could not start. Each names what to fix.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +39,8 @@ pub enum StartError {
     },
     #[error("server: {0}")]
     Server(std::io::Error),
+    #[error("events journal at {path}: {source}")]
+    Events { path: String, source: EventsError },
 }
 
 /// A built service, not yet listening.
@@ -45,6 +48,8 @@ pub struct Service {
     pub state: web::Data<AppState>,
     /// Embedded stores to flush at shutdown.
     pub embedded: Vec<Arc<EmbeddedStore>>,
+    /// The trust ledger (for the check path).
+    pub ledger: Arc<dyn TrustLedger>,
 }
 
 /// Opens an embedded store under `data_dir/name` with its reaper running.
@@ -60,6 +65,48 @@ fn open_embedded(config: &Config, name: &str) -> Result<Arc<EmbeddedStore>, Star
     Ok(store)
 }
 
+/// The trust ledger for the backend (Redis: on the window store's connection, so every
+/// node shares it; embedded: sled, in the journal's database) and the events service over
+/// it, journaling in `data_dir/events`, its replayer running.
+async fn open_trust(
+    config: &Config,
+    redis: Option<(redis::aio::ConnectionManager, u64)>,
+    checker: Arc<Checker>,
+    metrics: &Metrics,
+) -> Result<(Arc<dyn TrustLedger>, Arc<Events>), StartError> {
+    let dir = config.data_dir.join("events");
+    let path = dir.display().to_string();
+    let events_err = |source| StartError::Events {
+        path: path.clone(),
+        source,
+    };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let db = journal::open_db(&dir).map_err(|e| events_err(e.into()))?;
+    let ledger: Arc<dyn TrustLedger> =
+        match redis {
+            Some((conn, timeout_ms)) => Arc::new(
+                RedisLedger::new(conn, timeout_ms, &config.store.key_prefix)
+                    .await
+                    .map_err(|source| StartError::Store {
+                        backend: "redis",
+                        url: config.store.redis_url.clone(),
+                        source,
+                    })?,
+            ),
+            None => Arc::new(SledLedger::open(&db, clock.clone()).map_err(|source| {
+                StartError::Store {
+                    backend: "sled",
+                    url: path.clone(),
+                    source,
+                }
+            })?),
+        };
+    let events = Events::open_in(db, &dir, ledger.clone(), checker, metrics.clone(), clock)
+        .map_err(events_err)?;
+    events.spawn_replayer();
+    Ok((ledger, events))
+}
+
 /// Builds the service's parts from a validated config.
 pub async fn build(config: &Config) -> Result<Service, StartError> {
     let metrics = Metrics::new();
@@ -71,6 +118,7 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
     metrics.rules_version(&ruleset.version);
     // The primary store, and the node's own store for scenes whose policy is `local`
     // (with the embedded backend the primary already is the node's own).
+    let mut redis_conn = None;
     let (store, local, embedded): (Arc<dyn WindowStore>, Option<Arc<dyn WindowStore>>, _) =
         match config.store.backend {
             StoreBackend::Embedded => {
@@ -85,6 +133,7 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
                         url: config.store.redis_url.clone(),
                         source,
                     })?;
+                redis_conn = Some((redis.connection(), redis.timeout_ms()));
                 let local = open_embedded(config, "local")?;
                 (Arc::new(redis), Some(local.clone()), vec![local])
             }
@@ -92,15 +141,22 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
         };
     let checker = Checker::new(store, local, metrics.clone(), &config.store.key_prefix);
     checker.sync_rules(&ruleset);
+    let checker = Arc::new(checker);
+    let (ledger, events) = open_trust(config, redis_conn, checker.clone(), &metrics).await?;
     tracing::info!(version = %ruleset.version, scenes = ruleset.scenes.len(), "rules loaded");
     let state = web::Data::new(AppState {
         rules: Arc::new(RulesHandle::new(ruleset)),
-        checker: Arc::new(checker),
+        checker,
         metrics,
         last_rules_error: Arc::new(ArcSwapOption::empty()),
         auth: config.auth.clone(),
+        events,
     });
-    Ok(Service { state, embedded })
+    Ok(Service {
+        state,
+        embedded,
+        ledger,
+    })
 }
 
 /// A service listening on a socket.
@@ -110,6 +166,7 @@ pub struct Running {
     pub server: actix_web::dev::Server,
     pub state: web::Data<AppState>,
     pub embedded: Vec<Arc<EmbeddedStore>>,
+    pub ledger: Arc<dyn TrustLedger>,
 }
 
 /// Builds and binds the service (`listen` may use port 0); the caller awaits `server`.
@@ -117,6 +174,7 @@ pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, S
     let service = build(config).await?;
     let state = service.state.clone();
     let embedded = service.embedded.clone();
+    let ledger = service.ledger.clone();
     let data = service.state;
     let mut server =
         HttpServer::new(move || App::new().app_data(data.clone()).configure(http::configure))
@@ -145,6 +203,7 @@ pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, S
         server,
         state,
         embedded,
+        ledger,
     })
 }
 
@@ -154,6 +213,9 @@ pub async fn serve(config: &Config) -> Result<(), StartError> {
     tracing::info!(addr = %running.addr, "vigia listening");
     let result = running.server.await.map_err(StartError::Server);
     // SIGTERM/SIGINT: the server drained; make every window durable before exiting.
+    if let Err(e) = running.state.events.flush() {
+        tracing::error!(error = %e, "events journal: flush at shutdown failed");
+    }
     for store in &running.embedded {
         if let Err(e) = store.flush() {
             tracing::error!(error = %e, "embedded store: flush at shutdown failed");

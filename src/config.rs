@@ -232,8 +232,16 @@ impl Config {
             ("behaviour.threads", b.threads as u64, 1..=64),
             ("behaviour.mailbox", b.mailbox as u64, 1..=1_000_000),
             ("behaviour.deadline_ms", b.deadline_ms, 1..=10_000),
-            ("behaviour.max_entities", b.max_entities as u64, 1..=1_000_000_000),
-            ("behaviour.snapshot_every_ms", b.snapshot_every_ms, 100..=3_600_000),
+            (
+                "behaviour.max_entities",
+                b.max_entities as u64,
+                1..=1_000_000_000,
+            ),
+            (
+                "behaviour.snapshot_every_ms",
+                b.snapshot_every_ms,
+                100..=3_600_000,
+            ),
         ] {
             if !range.contains(&value) {
                 out.push((

@@ -14,7 +14,7 @@
 //! [`state`] is the math those actors run: plain data and functions, testable without an
 //! actix System, with memory accounting and a compact snapshot encoding.
 
-pub mod state;
 pub mod observe;
+pub mod state;
 
 pub use observe::{Observation, Observed, Unanswered};
