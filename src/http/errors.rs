@@ -128,3 +128,34 @@ pub fn json_error(err: actix_web::error::JsonPayloadError, limit: usize) -> ApiE
         other => ApiError::Request(RequestError::InvalidJson(other.to_string())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trust::journal::JournalError;
+
+    #[test]
+    fn event_errors_keep_the_request_codes_and_name_the_journal() {
+        let invalid = ApiError::from(EventsError::Invalid {
+            at: "events[3].".into(),
+            source: RequestError::MissingDimension {
+                field: "user_id",
+                scene: "s".into(),
+            },
+        });
+        assert_eq!(invalid.status_code(), StatusCode::BAD_REQUEST);
+        assert_eq!(invalid.code(), "missing_dimension");
+        assert_eq!(invalid.field().as_deref(), Some("events[3].user_id"));
+
+        let journal = ApiError::from(EventsError::Journal(JournalError {
+            path: "/var/lib/vigia/events".into(),
+            message: "flush: disk full".into(),
+        }));
+        assert_eq!(journal.status_code(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(journal.code(), "journal_unavailable");
+        assert!(
+            journal.to_string().contains("/var/lib/vigia/events"),
+            "{journal}"
+        );
+    }
+}
