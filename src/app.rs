@@ -39,8 +39,9 @@ pub enum StartError {
     },
     #[error("server: {0}")]
     Server(std::io::Error),
-    #[error("events journal at {path}: {source}")]
-    Events { path: String, source: EventsError },
+    /// The events journal (its error names the folder).
+    #[error("trust events: {0}")]
+    Events(EventsError),
 }
 
 /// A built service, not yet listening.
@@ -76,12 +77,8 @@ async fn open_trust(
 ) -> Result<(Arc<dyn TrustLedger>, Arc<Events>), StartError> {
     let dir = config.data_dir.join("events");
     let path = dir.display().to_string();
-    let events_err = |source| StartError::Events {
-        path: path.clone(),
-        source,
-    };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let db = journal::open_db(&dir).map_err(|e| events_err(e.into()))?;
+    let db = journal::open_db(&dir).map_err(|e| StartError::Events(e.into()))?;
     let ledger: Arc<dyn TrustLedger> =
         match redis {
             Some((conn, timeout_ms)) => Arc::new(
@@ -102,7 +99,7 @@ async fn open_trust(
             })?),
         };
     let events = Events::open_in(db, &dir, ledger.clone(), checker, metrics.clone(), clock)
-        .map_err(events_err)?;
+        .map_err(StartError::Events)?;
     events.spawn_replayer();
     Ok((ledger, events))
 }

@@ -299,7 +299,8 @@ impl Journal {
             }
             if let Some(e) = &entry {
                 let id = e.event_id.as_bytes();
-                // Only the id's own mapping: never one a later entry re-took.
+                // Only the id's own mapping: never one a later entry re-took. A failed
+                // removal only keeps the id (a duplicate) a while longer.
                 let _ = self
                     .seen
                     .compare_and_swap(id, Some(&seq_key(seq)[..]), None::<&[u8]>);
