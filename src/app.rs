@@ -19,6 +19,7 @@ use crate::rules::{self, RuleErrors, RulesHandle};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
 use crate::store::{StoreError, WindowStore};
+use crate::trust::{journal, Events, EventsError, RedisLedger, SledLedger, TrustLedger};
 
 /// Why the service could not start. Each names what to fix.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +43,9 @@ pub enum StartError {
     Server(std::io::Error),
     #[error("behaviour state: {0}")]
     Behaviour(#[from] BehaviourError),
+    /// The events journal (its error names the folder).
+    #[error("trust events: {0}")]
+    Events(EventsError),
 }
 
 /// A built service, not yet listening.
@@ -51,6 +55,8 @@ pub struct Service {
     pub embedded: Vec<Arc<EmbeddedStore>>,
     /// The behaviour actors, to snapshot and stop at shutdown.
     pub behaviours: Behaviours,
+    /// The trust ledger (for the check path).
+    pub ledger: Arc<dyn TrustLedger>,
 }
 
 /// Opens an embedded store under `data_dir/name` with its reaper running.
@@ -66,6 +72,35 @@ fn open_embedded(config: &Config, name: &str) -> Result<Arc<EmbeddedStore>, Star
     Ok(store)
 }
 
+/// The trust ledger for the backend: Redis, on the window store's connection, so every
+/// node shares it; embedded: sled, in the events journal's database (one process may
+/// open a sled folder once).
+async fn open_ledger(
+    config: &Config,
+    redis: Option<(redis::aio::ConnectionManager, u64)>,
+    db: &sled::Db,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<dyn TrustLedger>, StartError> {
+    Ok(match redis {
+        Some((conn, timeout_ms)) => Arc::new(
+            RedisLedger::new(conn, timeout_ms, &config.store.key_prefix)
+                .await
+                .map_err(|source| StartError::Store {
+                    backend: "redis",
+                    url: config.store.redis_url.clone(),
+                    source,
+                })?,
+        ),
+        None => Arc::new(
+            SledLedger::open(db, clock).map_err(|source| StartError::Store {
+                backend: "sled",
+                url: config.data_dir.join("events").display().to_string(),
+                source,
+            })?,
+        ),
+    })
+}
+
 /// Builds the service's parts from a validated config.
 pub async fn build(config: &Config) -> Result<Service, StartError> {
     let metrics = Metrics::new();
@@ -77,6 +112,7 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
     metrics.rules_version(&ruleset.version);
     // The primary store, and the node's own store for scenes whose policy is `local`
     // (with the embedded backend the primary already is the node's own).
+    let mut redis_conn = None;
     let (store, local, embedded): (Arc<dyn WindowStore>, Option<Arc<dyn WindowStore>>, _) =
         match config.store.backend {
             StoreBackend::Embedded => {
@@ -91,12 +127,16 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
                         url: config.store.redis_url.clone(),
                         source,
                     })?;
+                redis_conn = Some((redis.connection(), redis.timeout_ms()));
                 let local = open_embedded(config, "local")?;
                 (Arc::new(redis), Some(local.clone()), vec![local])
             }
             StoreBackend::RedisCluster => return Err(StartError::Backend("redis_cluster")),
         };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let events_dir = config.data_dir.join("events");
+    let events_db = journal::open_db(&events_dir).map_err(|e| StartError::Events(e.into()))?;
+    let ledger = open_ledger(config, redis_conn, &events_db, clock.clone()).await?;
     let behaviours = Behaviours::start(
         &config.behaviour,
         &config.data_dir.join("behaviour"),
@@ -106,23 +146,38 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
     let checker = Checker::new(store, local, metrics.clone(), &config.store.key_prefix)
         .with_profiler(Profiler::new(
             Some(behaviours.clone()),
-            None,
+            Some(ledger.clone()),
             clock.clone(),
             metrics.clone(),
         ));
     checker.sync_rules(&ruleset);
+    let checker = Arc::new(checker);
+    // Events apply through the checker (a rollback is a refund) and the same ledger the
+    // checks read; the replayer applies whatever a store outage left pending.
+    let events = Events::open_in(
+        events_db,
+        &events_dir,
+        ledger.clone(),
+        checker.clone(),
+        metrics.clone(),
+        clock,
+    )
+    .map_err(StartError::Events)?;
+    events.spawn_replayer();
     tracing::info!(version = %ruleset.version, scenes = ruleset.scenes.len(), "rules loaded");
     let state = web::Data::new(AppState {
         rules: Arc::new(RulesHandle::new(ruleset)),
-        checker: Arc::new(checker),
+        checker,
         metrics,
         last_rules_error: Arc::new(ArcSwapOption::empty()),
         auth: config.auth.clone(),
+        events,
     });
     Ok(Service {
         state,
         embedded,
         behaviours,
+        ledger,
     })
 }
 
@@ -134,6 +189,7 @@ pub struct Running {
     pub state: web::Data<AppState>,
     pub embedded: Vec<Arc<EmbeddedStore>>,
     pub behaviours: Behaviours,
+    pub ledger: Arc<dyn TrustLedger>,
 }
 
 /// Builds and binds the service (`listen` may use port 0); the caller awaits `server`.
@@ -142,6 +198,7 @@ pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, S
     let state = service.state.clone();
     let embedded = service.embedded.clone();
     let behaviours = service.behaviours.clone();
+    let ledger = service.ledger.clone();
     let data = service.state;
     let mut server =
         HttpServer::new(move || App::new().app_data(data.clone()).configure(http::configure))
@@ -171,6 +228,7 @@ pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, S
         state,
         embedded,
         behaviours,
+        ledger,
     })
 }
 
@@ -183,6 +241,9 @@ pub async fn serve(config: &Config) -> Result<(), StartError> {
     // durable before exiting.
     if let Err(e) = running.behaviours.shutdown().await {
         tracing::error!(error = %e, "behaviour: snapshot at shutdown failed");
+    }
+    if let Err(e) = running.state.events.flush() {
+        tracing::error!(error = %e, "events journal: flush at shutdown failed");
     }
     for store in &running.embedded {
         if let Err(e) = store.flush() {

@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 
 use crate::check::RequestError;
 use crate::store::StoreError;
+use crate::trust::EventsError;
 
 /// An error answer of the HTTP API.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,10 @@ pub enum ApiError {
     NotFound,
     #[error("the store cannot answer: {0}")]
     StoreUnavailable(#[from] StoreError),
+    /// `POST /v1/events`: an invalid event (400, the request codes) or a journal that
+    /// cannot write (500 `journal_unavailable`, naming its folder).
+    #[error(transparent)]
+    Events(#[from] EventsError),
 }
 
 /// The error body's inner object.
@@ -31,7 +36,7 @@ pub enum ApiError {
 pub struct ErrorDetail {
     /// `invalid_json`, `unknown_scene`, `missing_dimension`, `invalid_field`,
     /// `unauthorized`, `payload_too_large`, `unsupported_media_type`, `not_found`,
-    /// `store_unavailable`.
+    /// `store_unavailable`, `journal_unavailable`.
     pub code: &'static str,
     pub message: String,
     pub field: Option<String>,
@@ -46,10 +51,10 @@ pub struct ErrorBody {
 impl ApiError {
     fn code(&self) -> &'static str {
         match self {
-            ApiError::Request(RequestError::InvalidJson(_)) => "invalid_json",
-            ApiError::Request(RequestError::UnknownScene(_)) => "unknown_scene",
-            ApiError::Request(RequestError::MissingDimension { .. }) => "missing_dimension",
-            ApiError::Request(RequestError::InvalidField { .. }) => "invalid_field",
+            ApiError::Request(e) | ApiError::Events(EventsError::Invalid { source: e, .. }) => {
+                request_code(e)
+            }
+            ApiError::Events(EventsError::Journal(_)) => "journal_unavailable",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
             ApiError::Unauthorized => "unauthorized",
@@ -61,6 +66,7 @@ impl ApiError {
     fn field(&self) -> Option<String> {
         match self {
             ApiError::Request(e) => e.field().map(str::to_string),
+            ApiError::Events(e) => e.field(),
             _ => None,
         }
     }
@@ -75,6 +81,8 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Events(EventsError::Invalid { .. }) => StatusCode::BAD_REQUEST,
+            ApiError::Events(EventsError::Journal(_)) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -96,6 +104,15 @@ impl ResponseError for ApiError {
     }
 }
 
+fn request_code(e: &RequestError) -> &'static str {
+    match e {
+        RequestError::InvalidJson(_) => "invalid_json",
+        RequestError::UnknownScene(_) => "unknown_scene",
+        RequestError::MissingDimension { .. } => "missing_dimension",
+        RequestError::InvalidField { .. } => "invalid_field",
+    }
+}
+
 /// Maps actix's JSON extractor failures onto the API's errors.
 pub fn json_error(err: actix_web::error::JsonPayloadError, limit: usize) -> ApiError {
     use actix_web::error::JsonPayloadError as E;
@@ -109,5 +126,36 @@ pub fn json_error(err: actix_web::error::JsonPayloadError, limit: usize) -> ApiE
             e
         ))),
         other => ApiError::Request(RequestError::InvalidJson(other.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trust::journal::JournalError;
+
+    #[test]
+    fn event_errors_keep_the_request_codes_and_name_the_journal() {
+        let invalid = ApiError::from(EventsError::Invalid {
+            at: "events[3].".into(),
+            source: RequestError::MissingDimension {
+                field: "user_id",
+                scene: "s".into(),
+            },
+        });
+        assert_eq!(invalid.status_code(), StatusCode::BAD_REQUEST);
+        assert_eq!(invalid.code(), "missing_dimension");
+        assert_eq!(invalid.field().as_deref(), Some("events[3].user_id"));
+
+        let journal = ApiError::from(EventsError::Journal(JournalError {
+            path: "/var/lib/vigia/events".into(),
+            message: "flush: disk full".into(),
+        }));
+        assert_eq!(journal.status_code(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(journal.code(), "journal_unavailable");
+        assert!(
+            journal.to_string().contains("/var/lib/vigia/events"),
+            "{journal}"
+        );
     }
 }

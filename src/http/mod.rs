@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod check;
 pub mod errors;
+pub mod events;
 pub mod ops;
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use crate::check::Checker;
 use crate::config::AuthConfig;
 use crate::metrics::Metrics;
 use crate::rules::RulesHandle;
+use crate::trust::Events;
 
 /// The largest body `/v1/check` and `/v1/refund` read: 64 KiB.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -29,6 +31,8 @@ pub struct AppState {
     pub metrics: Metrics,
     pub last_rules_error: Arc<ArcSwapOption<ops::RulesError>>,
     pub auth: AuthConfig,
+    /// Trust events: journal, ledger, replayer.
+    pub events: Arc<Events>,
 }
 
 /// Every route: (method, path). `/openapi.json` documents exactly these (tested).
@@ -40,6 +44,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/readyz"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
+    ("post", "/v1/events"),
+    ("get", "/v1/trust/{user_id}"),
 ];
 
 /// The OpenAPI document.
@@ -56,7 +62,9 @@ pub const ROUTES: &[(&str, &str)] = &[
         ops::healthz,
         ops::readyz,
         ops::metrics,
-        ops::openapi
+        ops::openapi,
+        events::ingest,
+        events::trust
     ),
     components(schemas(
         crate::check::decision::CheckResponse,
@@ -73,6 +81,10 @@ pub const ROUTES: &[(&str, &str)] = &[
         ops::Health,
         ops::RulesInfo,
         ops::RulesError,
+        events::EventBody,
+        events::AwardAnswer,
+        events::TrustAnswer,
+        crate::trust::IngestReport,
     ))
 )]
 pub struct ApiDoc;
@@ -90,6 +102,19 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/readyz", web::get().to(ops::readyz))
         .route("/metrics", web::get().to(ops::metrics))
         .route("/openapi.json", web::get().to(ops::openapi))
+        .service(
+            // A batch of events is larger than a check: its own body limit.
+            web::resource("/v1/events")
+                .app_data(
+                    web::JsonConfig::default()
+                        .limit(events::MAX_EVENTS_BODY)
+                        .error_handler(|err, _req| {
+                            errors::json_error(err, events::MAX_EVENTS_BODY).into()
+                        }),
+                )
+                .route(web::post().to(events::ingest)),
+        )
+        .route("/v1/trust/{user_id}", web::get().to(events::trust))
         .default_service(web::to(not_found));
 }
 

@@ -107,6 +107,13 @@ pub trait WindowStore: Send + Sync + 'static {
     /// Whether the store answers now (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;
 
+    /// Makes every write this store has acknowledged durable. The event journal calls it
+    /// before it forgets an applied refund, so a crash cannot lose the refund while the
+    /// journal no longer holds it. Redis keeps its own durability policy: nothing to do.
+    async fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// A short name for logs and metrics (`redis`, `embedded`).
     fn kind(&self) -> &'static str;
 }

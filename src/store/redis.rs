@@ -30,7 +30,7 @@ const REFUND_LUA: &str = include_str!("../../lua/refund.lua");
 
 /// Start-up (connect + SCRIPT LOAD) gets at least this long, whatever the per-call
 /// timeout: a 50 ms request budget is too tight for a TCP connect plus two loads.
-const STARTUP_MIN_MS: u64 = 1000;
+pub(crate) const STARTUP_MIN_MS: u64 = 1000;
 
 /// Reconnect attempts per connection loss. Each attempt is bounded by the connection
 /// timeout; requests meanwhile fail on their own deadline, and the next request after a
@@ -101,15 +101,23 @@ impl RedisStore {
         self
     }
 
+    /// A handle on the store's connection, for other Redis users of the node (the trust
+    /// ledger): one multiplexed connection per node, not one per component.
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// The deadline of one store call, ms.
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_ms
+    }
+
     /// Runs `fut` under the store deadline, mapping both failure layers to [`StoreError`].
     async fn bounded<T>(
         &self,
         fut: impl std::future::Future<Output = Result<T, RedisError>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(Duration::from_millis(self.timeout_ms), fut).await {
-            Ok(result) => result.map_err(|e| map_redis_error(e, self.timeout_ms)),
-            Err(_) => Err(StoreError::Timeout(self.timeout_ms)),
-        }
+        bounded(self.timeout_ms, fut).await
     }
 
     /// The `now` argument of the scripts: empty means "read Redis TIME".
@@ -192,6 +200,18 @@ impl WindowStore for RedisStore {
     }
 }
 
+/// Runs `fut` under a `timeout_ms` deadline, mapping both failure layers to [`StoreError`]:
+/// the client's own timeouts do not bound a reconnect, ours does.
+pub(crate) async fn bounded<T>(
+    timeout_ms: u64,
+    fut: impl std::future::Future<Output = Result<T, RedisError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(Duration::from_millis(timeout_ms), fut).await {
+        Ok(result) => result.map_err(|e| map_redis_error(e, timeout_ms)),
+        Err(_) => Err(StoreError::Timeout(timeout_ms)),
+    }
+}
+
 /// The one-letter algorithm code check.lua reads.
 fn algo_code(algorithm: Algorithm) -> &'static str {
     match algorithm {
@@ -206,7 +226,7 @@ fn algo_code(algorithm: Algorithm) -> &'static str {
 ///
 /// The client's own timeouts (response, connection) count as [`StoreError::Timeout`] like
 /// ours; `BUSY` (another script running too long) is the store not answering, too.
-fn map_redis_error(e: RedisError, timeout_ms: u64) -> StoreError {
+pub(crate) fn map_redis_error(e: RedisError, timeout_ms: u64) -> StoreError {
     if e.is_timeout() {
         return StoreError::Timeout(timeout_ms);
     }

@@ -60,4 +60,11 @@ pub trait TrustLedger: Send + Sync + 'static {
 
     /// A short name for logs and metrics (`redis`, `sled`).
     fn kind(&self) -> &'static str;
+
+    /// Makes every award recorded so far durable. The event journal calls it before it
+    /// forgets applied awards, so a crash cannot lose an award the journal no longer holds.
+    /// Redis keeps its own durability policy: nothing to do there.
+    async fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

@@ -17,6 +17,8 @@ pub struct TestApp {
     pub rules_dir: tempfile::TempDir,
     pub data_dir: tempfile::TempDir,
     pub handle: actix_web::dev::ServerHandle,
+    /// The service's own state, for what HTTP does not show (the events backlog).
+    pub state: actix_web::web::Data<vigia::http::AppState>,
 }
 
 impl TestApp {
@@ -108,6 +110,7 @@ pub async fn spawn_app_configured(
         .await
         .unwrap_or_else(|e| panic!("vigia starts: {e}"));
     let handle = running.handle.clone();
+    let state = running.state.clone();
     actix_web::rt::spawn(running.server);
     TestApp {
         base: format!("http://{}", running.addr),
@@ -116,6 +119,7 @@ pub async fn spawn_app_configured(
         rules_dir,
         data_dir,
         handle,
+        state,
     }
 }
 

@@ -10,15 +10,26 @@ use vigia::store::embedded::FLUSH_EVERY_MS;
 
 use crate::common::free_port;
 
-struct Vigia {
+/// The real binary as a child process (also used by `events`).
+pub(crate) struct Vigia {
     child: Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Vigia {
     /// Starts `vigia` from the repository root with the shipped config.toml, overriding
     /// only the address and the data folder (and the rules folder when given).
-    async fn start(port: u16, data: &Path, rules: Option<&Path>) -> Vigia {
+    pub(crate) async fn start(port: u16, data: &Path, rules: Option<&Path>) -> Vigia {
+        Self::start_with_env(port, data, rules, &[]).await
+    }
+
+    /// The same, with extra environment (e.g. `VIGIA_STORE`, `VIGIA_REDIS_URL`).
+    pub(crate) async fn start_with_env(
+        port: u16,
+        data: &Path,
+        rules: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Vigia {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vigia"));
         cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
             .env("VIGIA_LISTEN", format!("127.0.0.1:{port}"))
@@ -31,6 +42,7 @@ impl Vigia {
         if let Some(r) = rules {
             cmd.env("VIGIA_RULES_DIR", r);
         }
+        cmd.envs(env.iter().copied());
         let child = cmd.spawn().expect("spawn vigia");
         let v = Vigia {
             child,
@@ -70,7 +82,7 @@ impl Vigia {
         assert!(exit.success(), "vigia exited {exit:?} on SIGTERM");
     }
 
-    fn sigkill(mut self) {
+    pub(crate) fn sigkill(mut self) {
         self.child.kill().expect("kill -9");
         self.child.wait().expect("wait");
     }

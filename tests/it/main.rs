@@ -5,6 +5,7 @@ mod common;
 
 mod auth;
 mod durability;
+mod events;
 mod http_check;
 mod http_errors;
 mod ops;

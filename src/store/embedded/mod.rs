@@ -623,6 +623,16 @@ impl WindowStore for EmbeddedStore {
         Ok(())
     }
 
+    async fn sync(&self) -> Result<(), StoreError> {
+        // An fsync takes milliseconds: off the async workers. The generation is the one
+        // current now; a compaction swapping it meanwhile flushes its successor itself.
+        let generation = self.current.load_full();
+        tokio::task::spawn_blocking(move || generation.flush())
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("embedded store: flush task: {e}")))?
+            .map_err(sled_err)
+    }
+
     fn kind(&self) -> &'static str {
         "embedded"
     }

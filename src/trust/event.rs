@@ -1,0 +1,273 @@
+//! `POST /v1/events` bodies: one event object, or `{"events": [...]}` with 1 to
+//! [`MAX_BATCH`] events, become typed [`Event`]s or an error naming the field
+//! (`events[3].user_id`). Nothing is half-accepted: the first invalid event refuses the
+//! whole body. Unknown extra fields are ignored (a `benefit_rolled_back` carries the
+//! check's dimension values, which the refund parser reads from the same object).
+
+use chrono::DateTime;
+use serde_json::{Map, Value};
+
+use crate::check::request::MAX_ID_LEN;
+use crate::check::RequestError;
+
+/// Most events one request may carry: a backlog replays in batches, and a batch is one
+/// sled transaction held in memory until it commits.
+pub const MAX_BATCH: usize = 1000;
+
+/// Longest event id, in bytes.
+pub const MAX_EVENT_ID_LEN: usize = 128;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    PaymentSucceeded,
+    IdentityVerified,
+    BenefitRolledBack,
+}
+
+impl EventKind {
+    /// The wire name, also the `type` label of the events metric.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::PaymentSucceeded => "payment_succeeded",
+            EventKind::IdentityVerified => "identity_verified",
+            EventKind::BenefitRolledBack => "benefit_rolled_back",
+        }
+    }
+
+    fn from_name(s: &str) -> Option<EventKind> {
+        match s {
+            "payment_succeeded" => Some(EventKind::PaymentSucceeded),
+            "identity_verified" => Some(EventKind::IdentityVerified),
+            "benefit_rolled_back" => Some(EventKind::BenefitRolledBack),
+            _ => None,
+        }
+    }
+}
+
+/// One valid event. `raw` is its JSON object, for the refund parser.
+#[derive(Debug, Clone)]
+pub struct Event<'a> {
+    /// Where the event sits in the body, as a field-path prefix: `events[3].`, or empty
+    /// for a single-event body.
+    pub at: String,
+    pub event_id: String,
+    pub kind: EventKind,
+    pub user_id: Option<String>,
+    /// Unix ms (0 for anything before the epoch: such an event has long expired).
+    pub occurred_at_ms: u64,
+    pub raw: &'a Value,
+}
+
+/// An invalid body: which event (as a field-path prefix) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub at: String,
+    pub error: RequestError,
+    /// The event's type when it had a valid one (for the metric label).
+    pub kind: Option<EventKind>,
+}
+
+fn invalid(at: &str, field: &str, message: impl Into<String>) -> Invalid {
+    Invalid {
+        at: at.to_string(),
+        error: RequestError::InvalidField {
+            field: field.to_string(),
+            message: message.into(),
+        },
+        kind: None,
+    }
+}
+
+/// Parses a whole body; the first invalid event refuses it.
+pub fn parse_body(body: &Value) -> Result<Vec<Event<'_>>, Invalid> {
+    let Some(obj) = body.as_object() else {
+        return Err(Invalid {
+            at: String::new(),
+            error: RequestError::InvalidJson("the body must be a JSON object".into()),
+            kind: None,
+        });
+    };
+    let Some(events) = obj.get("events") else {
+        return Ok(vec![parse_event(String::new(), body)?]);
+    };
+    let Value::Array(events) = events else {
+        return Err(invalid("", "events", "must be an array of events"));
+    };
+    if events.is_empty() {
+        return Err(invalid("", "events", "must hold at least one event"));
+    }
+    if events.len() > MAX_BATCH {
+        return Err(invalid(
+            "",
+            "events",
+            format!(
+                "holds {} events; at most {MAX_BATCH} per request",
+                events.len()
+            ),
+        ));
+    }
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| parse_event(format!("events[{i}]."), e))
+        .collect()
+}
+
+fn parse_event(at: String, value: &Value) -> Result<Event<'_>, Invalid> {
+    let Some(obj) = value.as_object() else {
+        // `events[3].` names the element itself without its trailing dot.
+        let field = at.trim_end_matches('.').to_string();
+        return Err(invalid("", &field, "must be an event object"));
+    };
+    let kind = match obj.get("type") {
+        None | Some(Value::Null) => return Err(invalid(&at, "type", "is required")),
+        Some(Value::String(s)) => EventKind::from_name(s).ok_or_else(|| {
+            invalid(
+                &at,
+                "type",
+                "must be payment_succeeded, identity_verified or benefit_rolled_back",
+            )
+        })?,
+        Some(_) => return Err(invalid(&at, "type", "must be a string")),
+    };
+    let with_kind = |mut e: Invalid| {
+        e.kind = Some(kind);
+        e
+    };
+    let event_id = event_id(&at, obj).map_err(with_kind)?;
+    let user_id = user_id(&at, obj).map_err(with_kind)?;
+    if user_id.is_none() && kind != EventKind::BenefitRolledBack {
+        return Err(with_kind(invalid(
+            &at,
+            "user_id",
+            format!("is required for {}", kind.name()),
+        )));
+    }
+    let occurred_at_ms = occurred_at(&at, obj).map_err(with_kind)?;
+    Ok(Event {
+        at,
+        event_id,
+        kind,
+        user_id,
+        occurred_at_ms,
+        raw: value,
+    })
+}
+
+fn event_id(at: &str, obj: &Map<String, Value>) -> Result<String, Invalid> {
+    match obj.get("event_id") {
+        None | Some(Value::Null) => Err(invalid(at, "event_id", "is required")),
+        Some(Value::String(s)) if s.is_empty() => Err(invalid(at, "event_id", "must not be empty")),
+        Some(Value::String(s)) if s.len() > MAX_EVENT_ID_LEN => Err(invalid(
+            at,
+            "event_id",
+            format!("is {} bytes; at most {MAX_EVENT_ID_LEN}", s.len()),
+        )),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(invalid(at, "event_id", "must be a string")),
+    }
+}
+
+/// A string or integer id, as `/v1/check` takes it, so `10086` and `"10086"` are one user.
+fn user_id(at: &str, obj: &Map<String, Value>) -> Result<Option<String>, Invalid> {
+    let s = match obj.get("user_id") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
+        Some(_) => return Err(invalid(at, "user_id", "must be a string or an integer")),
+    };
+    if s.is_empty() {
+        return Err(invalid(at, "user_id", "must not be empty"));
+    }
+    if s.len() > MAX_ID_LEN {
+        return Err(invalid(
+            at,
+            "user_id",
+            format!("is {} bytes; at most {MAX_ID_LEN}", s.len()),
+        ));
+    }
+    Ok(Some(s))
+}
+
+fn occurred_at(at: &str, obj: &Map<String, Value>) -> Result<u64, Invalid> {
+    match obj.get("occurred_at") {
+        None | Some(Value::Null) => Err(invalid(at, "occurred_at", "is required")),
+        Some(Value::String(s)) => DateTime::parse_from_rfc3339(s)
+            .map(|t| u64::try_from(t.timestamp_millis()).unwrap_or(0))
+            .map_err(|e| invalid(at, "occurred_at", format!("is not RFC 3339: {e}"))),
+        Some(_) => Err(invalid(at, "occurred_at", "must be an RFC 3339 string")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pay(id: &str) -> Value {
+        json!({"event_id": id, "type": "payment_succeeded", "user_id": 10086,
+               "occurred_at": "2026-01-02T03:04:05Z", "amount": 12})
+    }
+
+    fn field(e: &Invalid) -> String {
+        format!("{}{}", e.at, e.error.field().unwrap_or(""))
+    }
+
+    #[test]
+    fn one_event_or_a_batch() {
+        let single = pay("e1");
+        let events = parse_body(&single).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].user_id.as_deref(), Some("10086"));
+        assert_eq!(events[0].occurred_at_ms, 1_767_323_045_000);
+        assert_eq!(events[0].at, "");
+        let batch = json!({"events": [pay("e1"), pay("e2")]});
+        let events = parse_body(&batch).unwrap();
+        assert_eq!(events[1].at, "events[1].");
+        assert_eq!(events[1].event_id, "e2");
+    }
+
+    #[test]
+    fn errors_name_the_event_and_field() {
+        let mut bad = pay("e2");
+        bad["user_id"] = json!(null);
+        let e = parse_body(&json!({"events": [pay("e1"), bad]})).unwrap_err();
+        assert_eq!(field(&e), "events[1].user_id");
+        assert_eq!(e.kind, Some(EventKind::PaymentSucceeded));
+
+        let mut bad = pay("e2");
+        bad["occurred_at"] = json!("yesterday");
+        let e = parse_body(&json!({"events": [bad]})).unwrap_err();
+        assert_eq!(field(&e), "events[0].occurred_at");
+
+        let e = parse_body(&json!({"events": [pay("e1"), 7]})).unwrap_err();
+        assert_eq!(field(&e), "events[1]");
+
+        let e = parse_body(
+            &json!({"event_id": "x".repeat(129), "type": "payment_succeeded",
+            "user_id": "u", "occurred_at": "2026-01-02T03:04:05Z"}),
+        )
+        .unwrap_err();
+        assert_eq!(field(&e), "event_id");
+
+        let e = parse_body(&json!({"event_id": "e", "type": "refund"})).unwrap_err();
+        assert_eq!(field(&e), "type");
+
+        let e = parse_body(&json!({"events": []})).unwrap_err();
+        assert_eq!(field(&e), "events");
+        let many: Vec<Value> = (0..=MAX_BATCH).map(|i| pay(&i.to_string())).collect();
+        let e = parse_body(&json!({ "events": many })).unwrap_err();
+        assert_eq!(field(&e), "events");
+    }
+
+    #[test]
+    fn a_rollback_needs_no_user() {
+        let e = json!({"event_id": "r", "type": "benefit_rolled_back", "scene": "s",
+                       "request_id": "req1", "occurred_at": "2026-01-02T03:04:05+01:00"});
+        let events = parse_body(&e).unwrap();
+        assert_eq!(events[0].kind, EventKind::BenefitRolledBack);
+        assert_eq!(events[0].user_id, None);
+    }
+}
