@@ -30,7 +30,19 @@ impl Vigia {
         rules: Option<&Path>,
         env: &[(&str, &str)],
     ) -> Vigia {
+        Self::start_with_args(port, data, rules, env, &[]).await
+    }
+
+    /// The same, with command-line arguments (e.g. `serve --config FILE`).
+    pub(crate) async fn start_with_args(
+        port: u16,
+        data: &Path,
+        rules: Option<&Path>,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Vigia {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vigia"));
+        cmd.args(args);
         cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
             .env("VIGIA_LISTEN", format!("127.0.0.1:{port}"))
             .env("VIGIA_DATA_DIR", data)
@@ -196,4 +208,52 @@ async fn a_crash_loses_at_most_the_last_flush_interval() {
     assert_eq!(b["limits"][0]["count"], 3, "{b}");
     assert_eq!(b["limits"][1]["count"], 3, "{b}");
     assert_eq!(v.check(&s("u")).await.0, 429);
+}
+
+/// The shipped config.toml with a behaviour deadline a loaded debug build always meets:
+/// this test is about what survives a restart, not about the deadline.
+fn config_with_patient_behaviour(dir: &Path) -> std::path::PathBuf {
+    let shipped =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"))
+            .expect("shipped config.toml");
+    let patched = shipped.replace("deadline_ms = 5 ", "deadline_ms = 2000 ");
+    assert_ne!(patched, shipped, "config.toml names behaviour.deadline_ms");
+    let path = dir.join("config.toml");
+    std::fs::write(&path, patched).expect("write config");
+    path
+}
+
+#[tokio::test]
+async fn behaviour_survives_sigterm_and_restart() {
+    let data = tempfile::tempdir().unwrap();
+    let config = config_with_patient_behaviour(data.path());
+    let config = config.to_str().unwrap();
+    let args = ["serve", "--config", config];
+    let port = free_port();
+    let claim_on = |user: &str| {
+        json!({"scene": "coupon_claim", "user_id": user, "device_id": "device-farm-7",
+               "ip": "203.0.113.9", "user_created_at": "2020-01-01T00:00:00Z"})
+    };
+    let signal = |b: &Value, name: &str| {
+        b["signals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .cloned()
+    };
+    let v = Vigia::start_with_args(port, data.path(), None, &[], &args).await;
+    for user in ["a1", "a2", "a3"] {
+        let (status, b) = v.check(&claim_on(user)).await;
+        assert_eq!(status, 200, "{b}");
+    }
+    v.sigterm();
+    let v = Vigia::start_with_args(port, data.path(), None, &[], &args).await;
+    let (_, b) = v.check(&claim_on("a4")).await;
+    let apd = signal(&b, "accounts_per_device").unwrap_or_else(|| panic!("signal in {b}"));
+    assert_eq!(
+        apd["value"], 4,
+        "the three accounts before the restart still count: {b}"
+    );
+    assert_eq!(apd["contribution"], 0.6);
 }
