@@ -91,10 +91,9 @@ impl Profiler {
         let (observed, read) = futures::join!(observe, read);
 
         let mut profile = Profile::default();
+        // Unanswered shards are counted by the behaviour pool itself; here they simply
+        // give no signal.
         if let Some(observed) = observed {
-            for u in &observed.unanswered {
-                self.metrics.behaviour_unanswered(u.dimension, u.reason);
-            }
             profile.signals = observed.signals;
         }
         let Some(trust) = trust else {

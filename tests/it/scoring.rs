@@ -122,6 +122,11 @@ on_both_stores! {
         let (status, b) = app.check(check("honest", "device-home-01", "192.0.2.1")).await;
         assert_eq!((status, b["decision"].as_str()), (200, Some("allow")), "{b}");
         assert_eq!(b["score"], 0.0);
+        let metrics = app.get("/metrics").await.text().await.unwrap();
+        assert!(
+            metrics.contains(r#"vigia_decisions_total{decision="silent_deny",layer="security",reason="score",scene="c"} 5"#),
+            "{metrics}"
+        );
     }
 
     async fn rapid_account_switching_on_one_device_is_silently_denied(backend) {
