@@ -16,6 +16,7 @@ use crate::config::{Config, StoreBackend};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::rules::{self, RuleErrors, RulesHandle};
+use crate::store::breaker::Breaker;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
 use crate::store::{StoreError, WindowStore};
@@ -77,19 +78,20 @@ fn open_embedded(config: &Config, name: &str) -> Result<Arc<EmbeddedStore>, Star
 /// open a sled folder once).
 async fn open_ledger(
     config: &Config,
-    redis: Option<(redis::aio::ConnectionManager, u64)>,
+    redis: Option<(redis::aio::ConnectionManager, u64, Arc<Breaker>)>,
     db: &sled::Db,
     clock: Arc<dyn Clock>,
 ) -> Result<Arc<dyn TrustLedger>, StartError> {
     Ok(match redis {
-        Some((conn, timeout_ms)) => Arc::new(
+        Some((conn, timeout_ms, breaker)) => Arc::new(
             RedisLedger::new(conn, timeout_ms, &config.store.key_prefix)
                 .await
                 .map_err(|source| StartError::Store {
                     backend: "redis",
                     url: config.store.redis_url.clone(),
                     source,
-                })?,
+                })?
+                .with_breaker(breaker),
         ),
         None => Arc::new(
             SledLedger::open(db, clock).map_err(|source| StartError::Store {
@@ -126,8 +128,13 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
                         backend: "redis",
                         url: config.store.redis_url.clone(),
                         source,
-                    })?;
-                redis_conn = Some((redis.connection(), redis.timeout_ms()));
+                    })?
+                    .with_breaker(Arc::new(Breaker::new(
+                        "redis",
+                        config.store.breaker(),
+                        Some(metrics.clone()),
+                    )));
+                redis_conn = Some((redis.connection(), redis.timeout_ms(), redis.breaker()));
                 let local = open_embedded(config, "local")?;
                 (Arc::new(redis), Some(local.clone()), vec![local])
             }

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::store::breaker::BreakerSettings;
+
 /// Which window store the service uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -39,6 +41,22 @@ pub struct StoreConfig {
     pub timeout_ms: u64,
     /// First segment of every key; `[A-Za-z0-9_]+`.
     pub key_prefix: String,
+    /// Consecutive store failures (timeouts, lost connections) that open the breaker.
+    pub breaker_failures: u32,
+    /// Longest time the open breaker refuses calls before a probe, ms (the first interval
+    /// is a tenth of it); recovery after an outage takes at most about this long.
+    pub breaker_open_ms: u64,
+}
+
+impl StoreConfig {
+    /// The circuit breaker settings these values make.
+    pub fn breaker(&self) -> BreakerSettings {
+        BreakerSettings {
+            failures: self.breaker_failures,
+            open_min_ms: (self.breaker_open_ms / 10).max(1),
+            open_max_ms: self.breaker_open_ms,
+        }
+    }
 }
 
 impl Default for StoreConfig {
@@ -48,6 +66,8 @@ impl Default for StoreConfig {
             redis_url: "redis://127.0.0.1:6379".into(),
             timeout_ms: 50,
             key_prefix: "lt".into(),
+            breaker_failures: BreakerSettings::default().failures,
+            breaker_open_ms: BreakerSettings::default().open_max_ms,
         }
     }
 }
@@ -228,6 +248,16 @@ impl Config {
         }
         let b = &self.behaviour;
         for (field, value, range) in [
+            (
+                "store.breaker_failures",
+                u64::from(self.store.breaker_failures),
+                1..=1000,
+            ),
+            (
+                "store.breaker_open_ms",
+                self.store.breaker_open_ms,
+                10..=60_000,
+            ),
             ("behaviour.shards", b.shards as u64, 1..=1024),
             ("behaviour.threads", b.threads as u64, 1..=64),
             ("behaviour.mailbox", b.mailbox as u64, 1..=1_000_000),

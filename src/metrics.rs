@@ -22,6 +22,8 @@ pub struct Metrics {
     behaviour_entities: IntGaugeVec,
     events: IntCounterVec,
     trust_errors: IntCounterVec,
+    breaker_open: IntGaugeVec,
+    breaker_transitions: IntCounterVec,
 }
 
 /// Check latency buckets, seconds: sub-millisecond answers up to the store timeout and past.
@@ -87,6 +89,11 @@ impl Metrics {
             "Trust ledger reads or writes that failed, by operation.",
             &["operation"],
         );
+        let breaker_transitions = counter(
+            "vigia_store_breaker_transitions_total",
+            "Store circuit breaker transitions, by store and new state (open, closed).",
+            &["store", "to"],
+        );
         let check_latency = HistogramVec::new(
             HistogramOpts::new("vigia_check_duration_seconds", "Check latency by scene.")
                 .buckets(LATENCY_BUCKETS.to_vec()),
@@ -115,8 +122,21 @@ impl Metrics {
         registry
             .register(Box::new(behaviour_entities.clone()))
             .expect("unique metric");
+        let breaker_open = IntGaugeVec::new(
+            Opts::new(
+                "vigia_store_breaker_open",
+                "1 while the store's circuit breaker is open, else 0.",
+            ),
+            &["store"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(breaker_open.clone()))
+            .expect("unique metric");
         Metrics {
             registry,
+            breaker_open,
+            breaker_transitions,
             behaviour_unanswered,
             behaviour_entities,
             events,
@@ -189,6 +209,19 @@ impl Metrics {
     /// A trust ledger `operation` (read, award) failed.
     pub fn trust_error(&self, operation: &str) {
         self.trust_errors.with_label_values(&[operation]).inc();
+    }
+
+    /// The store's circuit breaker is now open (or closed). A transition is counted only
+    /// when the state changes; the initial closed state only sets the gauge.
+    pub fn breaker(&self, store: &str, open: bool) {
+        let gauge = self.breaker_open.with_label_values(&[store]);
+        let was = gauge.get();
+        gauge.set(i64::from(open));
+        if was != i64::from(open) {
+            self.breaker_transitions
+                .with_label_values(&[store, if open { "open" } else { "closed" }])
+                .inc();
+        }
     }
 
     /// The Prometheus text exposition.

@@ -131,7 +131,13 @@ impl Checker {
             return resp;
         }
         let (op, applied) = self.check_op(scene, req, &profile);
-        let outcome = match self.store.check(&op).await {
+        // The ledger shares the store: if it could not answer, neither can the store, and
+        // the policy decides now rather than after a second timeout.
+        let result = match profile.store_error {
+            Some(e) => Err(e),
+            None => self.store.check(&op).await,
+        };
+        let outcome = match result {
             Ok(outcome) => outcome,
             Err(e) => match self.on_store_error(scene, &op, &e).await {
                 Some(outcome) => {
@@ -176,7 +182,8 @@ impl Checker {
             .store_error(self.store.kind(), store_error_kind(e));
         self.metrics
             .degraded(&scene.name, scene.on_store_error.name());
-        tracing::warn!(scene = %scene.name, error = %e, policy = scene.on_store_error.name(), "store failed; scene policy decides");
+        // Per request at debug only: an outage is logged once, when the breaker opens.
+        tracing::debug!(scene = %scene.name, error = %e, policy = scene.on_store_error.name(), "store failed; scene policy decides");
         if scene.on_store_error != StoreErrorPolicy::Local {
             return None;
         }
@@ -331,5 +338,6 @@ fn store_error_kind(e: &StoreError) -> &'static str {
         StoreError::Timeout(_) => "timeout",
         StoreError::Unavailable(_) => "unavailable",
         StoreError::Protocol(_) => "protocol",
+        StoreError::CircuitOpen => "circuit_open",
     }
 }

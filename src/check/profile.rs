@@ -1,7 +1,10 @@
 //! Who is asking: the behaviour actors' signals and the user's trust, gathered
 //! concurrently for one check. Neither may stall a check: the actors answer within their
-//! deadline or give no signal; the ledger is bounded by the store timeout and a failure
-//! means no trust (points 0, age unknown) — never a denied request by itself.
+//! deadline or give no signal; the ledger is bounded by the store timeout (and breaker).
+//! A ledger that cannot answer means no trust (points 0, age unknown), and because the
+//! ledger lives in the store (Redis, or sled beside the embedded store) its failure is
+//! reported as a store failure: the scene's `on_store_error` decides at once, instead of
+//! the check waiting a second timeout on the window store.
 
 use std::sync::Arc;
 
@@ -14,6 +17,7 @@ use crate::behaviour::{Behaviours, Observation};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::rules::{Dimension, RuleSet};
+use crate::store::StoreError;
 use crate::trust::{TrustLedger, TrustRead};
 
 /// What the scorer and the quota need to know about the request's user, device and IP.
@@ -25,6 +29,8 @@ pub struct Profile {
     /// `None` when the rule set has no `[trust].new_account` or the age is unknown.
     pub new_account: Option<bool>,
     pub adjust: MaxAdjust,
+    /// The ledger could not answer because the store is down.
+    pub store_error: Option<StoreError>,
 }
 
 /// Gathers [`Profile`]s.
@@ -103,7 +109,13 @@ impl Profiler {
             Some(Ok(read)) => Some(read),
             Some(Err(e)) => {
                 self.metrics.trust_error("read");
-                tracing::warn!(error = %e, "trust ledger read failed; checking without trust");
+                tracing::debug!(error = %e, "trust ledger read failed; checking without trust");
+                if matches!(
+                    e,
+                    StoreError::Timeout(_) | StoreError::Unavailable(_) | StoreError::CircuitOpen
+                ) {
+                    profile.store_error = Some(e);
+                }
                 None
             }
             None => None,

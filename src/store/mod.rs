@@ -7,6 +7,7 @@
 //! injects one. A deny is a value ([`CheckOutcome::Denied`]), not an error; only a store
 //! that cannot answer is an error ([`StoreError`]).
 
+pub mod breaker;
 pub mod embedded;
 pub mod redis;
 
@@ -83,7 +84,7 @@ pub struct RefundOp {
 }
 
 /// A store that could not answer. Mapped to the scene's `on_store_error` by the check.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     #[error("store timed out after {0} ms")]
     Timeout(u64),
@@ -91,6 +92,9 @@ pub enum StoreError {
     Unavailable(String),
     #[error("store replied with something unexpected: {0}")]
     Protocol(String),
+    /// The circuit breaker is open: the store failed repeatedly and was not asked.
+    #[error("store circuit breaker is open (the store failed repeatedly; not asked)")]
+    CircuitOpen,
 }
 
 /// The atomic window store. Implementations must evaluate a whole [`CheckOp`] atomically

@@ -19,6 +19,7 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
+use super::breaker::{Breaker, BreakerSettings};
 use super::{CheckOp, CheckOutcome, LimitState, RefundOp, StoreError, WindowStore};
 use crate::clock::Clock;
 use crate::rules::Algorithm;
@@ -43,6 +44,8 @@ pub struct RedisStore {
     check_script: Script,
     refund_script: Script,
     timeout_ms: u64,
+    /// Shared with the trust ledger on the same connection.
+    breaker: Arc<Breaker>,
     /// Tests only: `Some` replaces Redis `TIME` with this clock.
     clock: Option<Arc<dyn Clock>>,
 }
@@ -52,6 +55,7 @@ impl std::fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("conn", &self.conn)
             .field("timeout_ms", &self.timeout_ms)
+            .field("breaker", &self.breaker)
             .field("injected_clock", &self.clock.is_some())
             .finish()
     }
@@ -90,6 +94,7 @@ impl RedisStore {
             check_script,
             refund_script,
             timeout_ms,
+            breaker: Arc::new(Breaker::new("redis", BreakerSettings::default(), None)),
             clock: None,
         })
     }
@@ -112,12 +117,23 @@ impl RedisStore {
         self.timeout_ms
     }
 
+    /// Uses `breaker` (e.g. one reporting metrics, shared with the trust ledger).
+    pub fn with_breaker(mut self, breaker: Arc<Breaker>) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// The circuit breaker every call of this store goes through.
+    pub fn breaker(&self) -> Arc<Breaker> {
+        self.breaker.clone()
+    }
+
     /// Runs `fut` under the store deadline, mapping both failure layers to [`StoreError`].
     async fn bounded<T>(
         &self,
         fut: impl std::future::Future<Output = Result<T, RedisError>>,
     ) -> Result<T, StoreError> {
-        bounded(self.timeout_ms, fut).await
+        guarded(&self.breaker, self.timeout_ms, fut).await
     }
 
     /// The `now` argument of the scripts: empty means "read Redis TIME".
@@ -198,6 +214,19 @@ impl WindowStore for RedisStore {
     fn kind(&self) -> &'static str {
         "redis"
     }
+}
+
+/// Runs `fut` through `breaker` (refused at once while it is open) under a `timeout_ms`
+/// deadline, and feeds the result back to the breaker.
+pub(crate) async fn guarded<T>(
+    breaker: &Breaker,
+    timeout_ms: u64,
+    fut: impl std::future::Future<Output = Result<T, RedisError>>,
+) -> Result<T, StoreError> {
+    breaker.permit()?;
+    let result = bounded(timeout_ms, fut).await;
+    breaker.record(&result);
+    result
 }
 
 /// Runs `fut` under a `timeout_ms` deadline, mapping both failure layers to [`StoreError`]:

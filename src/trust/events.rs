@@ -134,7 +134,10 @@ fn award_kind(kind: EventKind) -> Option<AwardKind> {
 }
 
 fn is_store_down(e: &StoreError) -> bool {
-    matches!(e, StoreError::Timeout(_) | StoreError::Unavailable(_))
+    matches!(
+        e,
+        StoreError::Timeout(_) | StoreError::Unavailable(_) | StoreError::CircuitOpen
+    )
 }
 
 impl Events {

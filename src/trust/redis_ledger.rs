@@ -25,7 +25,8 @@ use redis::{RedisError, Script, Value};
 use super::ledger::{Award, AwardKind, TrustLedger, TrustRead};
 use crate::check::keys::encode_into;
 use crate::clock::Clock;
-use crate::store::redis::{bounded, map_redis_error, STARTUP_MIN_MS};
+use crate::store::breaker::{Breaker, BreakerSettings};
+use crate::store::redis::{guarded, map_redis_error, STARTUP_MIN_MS};
 use crate::store::StoreError;
 
 const READ_LUA: &str = include_str!("../../lua/trust_read.lua");
@@ -46,6 +47,8 @@ pub struct RedisLedger {
     read_script: Script,
     award_script: Script,
     awards_script: Script,
+    /// The window store's breaker when built by the app: one connection, one outage.
+    breaker: Arc<Breaker>,
     /// Tests only: `Some` replaces Redis `TIME` with this clock.
     clock: Option<Arc<dyn Clock>>,
 }
@@ -78,6 +81,7 @@ impl RedisLedger {
             read_script: Script::new(READ_LUA),
             award_script: Script::new(AWARD_LUA),
             awards_script: Script::new(AWARDS_LUA),
+            breaker: Arc::new(Breaker::new("redis", BreakerSettings::default(), None)),
             clock: None,
         };
         let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
@@ -96,6 +100,13 @@ impl RedisLedger {
         .map_err(|_| StoreError::Timeout(startup_ms))?
         .map_err(|e| map_redis_error(e, timeout_ms))?;
         Ok(ledger)
+    }
+
+    /// Goes through `breaker` (the window store's: they share the connection, so one
+    /// outage opens one breaker for both).
+    pub fn with_breaker(mut self, breaker: Arc<Breaker>) -> Self {
+        self.breaker = breaker;
+        self
     }
 
     /// TEST ONLY: take "now" from `clock` instead of Redis `TIME`. Key expiries still run
@@ -176,7 +187,8 @@ impl TrustLedger for RedisLedger {
             .arg(if mark_seen { "1" } else { "0" })
             .arg(SEEN_RETENTION_MS);
         let mut conn = self.conn.clone();
-        let reply: Value = bounded(self.timeout_ms, inv.invoke_async(&mut conn)).await?;
+        let reply: Value =
+            guarded(&self.breaker, self.timeout_ms, inv.invoke_async(&mut conn)).await?;
         let script = "trust_read.lua";
         let Value::Array(items) = reply else {
             return Err(protocol(
@@ -207,7 +219,8 @@ impl TrustLedger for RedisLedger {
             .arg(award.expires_at_ms)
             .arg(self.now_arg());
         let mut conn = self.conn.clone();
-        let reply: Value = bounded(self.timeout_ms, inv.invoke_async(&mut conn)).await?;
+        let reply: Value =
+            guarded(&self.breaker, self.timeout_ms, inv.invoke_async(&mut conn)).await?;
         // 0 (already awarded, or already expired) is as good as 1: the award stands.
         int("trust_award.lua", &reply).map(|_| ())
     }
@@ -216,7 +229,8 @@ impl TrustLedger for RedisLedger {
         let mut inv = self.awards_script.prepare_invoke();
         inv.key(self.points_key(user_id)).arg(self.now_arg());
         let mut conn = self.conn.clone();
-        let reply: Value = bounded(self.timeout_ms, inv.invoke_async(&mut conn)).await?;
+        let reply: Value =
+            guarded(&self.breaker, self.timeout_ms, inv.invoke_async(&mut conn)).await?;
         let script = "trust_awards.lua";
         let Value::Array(items) = reply else {
             return Err(protocol(
