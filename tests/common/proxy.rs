@@ -1,12 +1,14 @@
 //! A TCP proxy to put between vigia and a redis-server, to break the network on purpose:
-//! [`TcpProxy::sever`] cuts every live connection (mid-request, both ways) and
+//! [`TcpProxy::sever`] cuts every live connection (mid-request, both ways),
 //! [`TcpProxy::blackhole`] makes the link hang (a partition: connections are accepted, bytes
-//! are held, nothing arrives and nothing is refused).
+//! are held, nothing arrives and nothing is refused) and [`TcpProxy::abandon`] turns the
+//! connections open now into zombies (open, silent forever) while new ones work.
 //!
 //! The proxy runs on its own thread with its own single-threaded tokio runtime, so it
 //! works from any test (an `#[actix_web::test]`, a `#[tokio::test]`, a plain `#[test]`)
 //! and keeps forwarding while the test's own runtime is blocked. Its controls are plain
-//! method calls, usable from any thread.
+//! method calls, usable from any thread; they take effect on the proxy's thread a moment
+//! (well under a millisecond, unless the machine is loaded) after the call returns.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,9 +33,8 @@ pub struct TcpProxy {
 struct Control {
     /// Bumped by `sever`: every connection alive at that moment closes both its sockets.
     severs: watch::Sender<u64>,
-    /// `true` while blackholed: no byte moves either way and no new connection reaches
-    /// the upstream; everything waits, in the kernel's buffers, for the link to heal.
-    blackhole: watch::Sender<bool>,
+    /// Whether bytes may move; see [`Link`].
+    link: watch::Sender<Link>,
     /// Client connections accepted so far (a reconnecting client shows here).
     accepted: AtomicUsize,
 }
@@ -48,7 +49,7 @@ impl TcpProxy {
         let port = listener.local_addr().expect("proxy: local addr").port();
         let control = Arc::new(Control {
             severs: watch::channel(0).0,
-            blackhole: watch::channel(false).0,
+            link: watch::channel(Link::default()).0,
             accepted: AtomicUsize::new(0),
         });
         let (shutdown, stopped) = oneshot::channel();
@@ -93,11 +94,19 @@ impl TcpProxy {
     /// byte is forwarded either way (nor is the upstream dialled) until `blackhole(false)`,
     /// which delivers whatever was held, like a healed partition.
     pub fn blackhole(&self, on: bool) {
-        self.control.blackhole.send_if_modified(|b| {
-            let changed = *b != on;
-            *b = on;
+        self.control.link.send_if_modified(|l| {
+            let changed = l.blackhole != on;
+            l.blackhole = on;
             changed
         });
+    }
+
+    /// Every connection open now is lost for good: it stays open (no FIN, no RST) but never
+    /// moves another byte, like a connection a firewall or NAT forgot, or one to an address
+    /// that failed over. Connections accepted from now on are forwarded as usual (once
+    /// the link is not blackholed). A client only gets out by reconnecting on its own.
+    pub fn abandon(&self) {
+        self.control.link.send_modify(|l| l.abandoned += 1);
     }
 
     /// Client connections accepted since the start.
@@ -114,6 +123,24 @@ impl Drop for TcpProxy {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// The state of the link, which every connection's pumps watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Link {
+    /// While true, no byte moves either way and no new connection reaches the upstream;
+    /// everything waits, in the kernel's buffers, for the link to heal.
+    blackhole: bool,
+    /// Bumped by `abandon`: a connection accepted under an older value never moves a
+    /// byte again (it is not closed either).
+    abandoned: u64,
+}
+
+impl Link {
+    /// Whether a connection accepted under `born` (the `abandoned` value then) may move bytes.
+    fn up_for(&self, born: u64) -> bool {
+        !self.blackhole && self.abandoned == born
     }
 }
 
@@ -144,9 +171,10 @@ async fn accept_loop(
 async fn connection(client: TcpStream, upstream: SocketAddr, control: Arc<Control>) {
     let mut severs = control.severs.subscribe();
     severs.borrow_and_update();
-    let hole = control.blackhole.subscribe();
+    let link = control.link.subscribe();
+    let born = link.borrow().abandoned;
     let forward = async move {
-        wait_link_up(&mut hole.clone()).await;
+        wait_link_up(&mut link.clone(), born).await;
         // Upstream gone (killed): close the client side, as a refused dial would look
         // to a client connecting to the server directly.
         let Ok(server) = TcpStream::connect(upstream).await else {
@@ -156,8 +184,8 @@ async fn connection(client: TcpStream, upstream: SocketAddr, control: Arc<Contro
         let (client_r, client_w) = client.into_split();
         let (server_r, server_w) = server.into_split();
         tokio::join!(
-            pump(client_r, server_w, hole.clone()),
-            pump(server_r, client_w, hole),
+            pump(client_r, server_w, link.clone(), born),
+            pump(server_r, client_w, link, born),
         );
     };
     tokio::select! {
@@ -168,22 +196,28 @@ async fn connection(client: TcpStream, upstream: SocketAddr, control: Arc<Contro
     }
 }
 
-/// Copies bytes one way, pausing while the link is blackholed. Ends on EOF or an error,
-/// passing the EOF on (half-close) so the other direction can finish.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut hole: watch::Receiver<bool>) {
+/// Copies bytes one way, pausing while the link is down for this connection (`born`: the
+/// `abandoned` value when it was accepted). Ends on EOF or an error, passing the EOF on
+/// (half-close) so the other direction can finish.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut link: watch::Receiver<Link>,
+    born: u64,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        wait_link_up(&mut hole).await;
+        wait_link_up(&mut link, born).await;
         let n = tokio::select! {
             read = from.read(&mut buf) => match read {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             },
-            // Blackholed while waiting to read: stop before taking any more bytes.
-            _ = hole.changed() => continue,
+            // The link changed while waiting to read: look again before taking any bytes.
+            _ = link.changed() => continue,
         };
-        // Blackholed between the read and the write: hold these bytes too.
-        wait_link_up(&mut hole).await;
+        // Down between the read and the write: hold these bytes too.
+        wait_link_up(&mut link, born).await;
         if to.write_all(&buf[..n]).await.is_err() {
             break;
         }
@@ -191,11 +225,13 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut hole: watch::
     let _ = to.shutdown().await;
 }
 
-/// Returns once the link is not blackholed (at once when it is not).
-async fn wait_link_up(hole: &mut watch::Receiver<bool>) {
-    while *hole.borrow_and_update() {
-        if hole.changed().await.is_err() {
-            return;
+/// Returns once the link is up for a connection born under `born` (at once when it is);
+/// never, for an abandoned one.
+async fn wait_link_up(link: &mut watch::Receiver<Link>, born: u64) {
+    while !link.borrow_and_update().up_for(born) {
+        if link.changed().await.is_err() {
+            // The proxy is stopping: hold until the runtime drops this task.
+            std::future::pending::<()>().await;
         }
     }
 }

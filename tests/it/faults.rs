@@ -130,18 +130,28 @@ enum Fault {
     DebugSleep,
     /// (f) The proxied connection severed every `SEVER_EVERY` while the load runs.
     Sever,
-    /// (g) The proxy blackholes the link (a partition that hangs); over when healed.
+    /// (g) The proxy blackholes the link (a partition that hangs); over when healed, and
+    /// the held connections go on.
     Blackhole,
+    /// (g') The same partition, but it heals only for new connections: those open during
+    /// it stay open and silent forever (a firewall or NAT that lost its state, a failover
+    /// behind one address). Recovery needs vigia to give up on its connection and dial
+    /// again.
+    BlackholeLost,
 }
 
 impl Fault {
     fn via_proxy(self) -> bool {
-        matches!(self, Fault::Sever | Fault::Blackhole)
+        matches!(self, Fault::Sever | Fault::Blackhole | Fault::BlackholeLost)
     }
 
     fn expect(self) -> Expect {
         match self {
-            Fault::Kill | Fault::Stop | Fault::DebugSleep | Fault::Blackhole => Expect::Degraded,
+            Fault::Kill
+            | Fault::Stop
+            | Fault::DebugSleep
+            | Fault::Blackhole
+            | Fault::BlackholeLost => Expect::Degraded,
             // The fault is a moment, not a state: the requests cut (or the first ones after
             // the bounce) answer by the policy, the others normally.
             Fault::Bounce | Fault::Sever => Expect::Either,
@@ -160,6 +170,7 @@ impl fmt::Display for Fault {
             Fault::DebugSleep => "debug_sleep",
             Fault::Sever => "sever",
             Fault::Blackhole => "blackhole",
+            Fault::BlackholeLost => "blackhole_lost",
         };
         f.pad(name)
     }
@@ -191,11 +202,11 @@ fn not_degraded_answer(policy: Policy, s: &Sample) -> Option<&'static str> {
                 || b["reason"] != "store_unavailable"
             {
                 Some("fail_close must answer 503 friendly_deny, reason store_unavailable")
-            } else if !s
+            } else if s
                 .retry_after
                 .as_deref()
                 .and_then(|r| r.parse::<u64>().ok())
-                .is_some_and(|r| r >= 1)
+                .is_none_or(|r| r == 0)
             {
                 Some("fail_close must send Retry-After (whole seconds >= 1)")
             } else {
@@ -346,7 +357,7 @@ async fn exercise(fault: Fault) {
         }
         Fault::DebugSleep => sleeper = Some(app.redis.debug_sleep(SLEEP_CHUNK)),
         Fault::Sever => {}
-        Fault::Blackhole => proxy().blackhole(true),
+        Fault::Blackhole | Fault::BlackholeLost => proxy().blackhole(true),
     }
 
     // During.
@@ -372,6 +383,11 @@ async fn exercise(fault: Fault) {
         Fault::DebugSleep => sleeper.take().expect("sleeping").stop(),
         Fault::Sever => last_sever.expect("severed"),
         Fault::Blackhole => {
+            proxy().blackhole(false);
+            Instant::now()
+        }
+        Fault::BlackholeLost => {
+            proxy().abandon();
             proxy().blackhole(false);
             Instant::now()
         }
@@ -409,7 +425,7 @@ async fn exercise(fault: Fault) {
             .recovery
             .map_or(format!("none in {}", ms(RECOVERY_WATCH)), ms);
         eprintln!(
-            "faults: {fault:<12} {scene:<10} n={} normal={normal:<3} degraded={degraded:<3} \
+            "faults: {fault:<14} {scene:<10} n={} normal={normal:<3} degraded={degraded:<3} \
              p50={:<7} p99={:<7} max={:<7} recovery={recovery}  (load {})",
             r.samples.len(),
             ms(p50),
@@ -490,7 +506,7 @@ async fn exercise(fault: Fault) {
     if health.as_ref().ok() != Some(&200) {
         failures.push(format!("{fault}: /healthz after the fault: {health:?}"));
     }
-    eprintln!("faults: {fault:<12} wall {}", ms(test_started.elapsed()));
+    eprintln!("faults: {fault:<14} wall {}", ms(test_started.elapsed()));
     assert!(
         failures.is_empty(),
         "{} fault assertion(s) failed:\n  {}",
@@ -532,4 +548,86 @@ async fn connection_severed_mid_request() {
 #[actix_web::test]
 async fn link_blackholed() {
     exercise(Fault::Blackhole).await;
+}
+
+#[actix_web::test]
+async fn link_blackholed_and_connections_lost() {
+    exercise(Fault::BlackholeLost).await;
+}
+
+/// The proxy itself, on a bare socket, so a failure above is vigia's and not the proxy's:
+/// it forwards, holds while blackholed and delivers on heal, abandons only the
+/// connections open at that moment, and severs every live connection.
+#[test]
+fn proxy_forwards_holds_abandons_and_severs() {
+    use std::io::{BufRead, BufReader, ErrorKind, Write};
+    use std::net::TcpStream;
+
+    struct Conn(TcpStream, BufReader<TcpStream>);
+    impl Conn {
+        fn open(port: u16) -> Conn {
+            let s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the proxy");
+            s.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            let r = BufReader::new(s.try_clone().unwrap());
+            Conn(s, r)
+        }
+        fn send_ping(&mut self) {
+            self.0.write_all(b"PING\r\n").expect("write PING");
+        }
+        /// The next reply line; `Err` on a read timeout, `Ok("")` on EOF.
+        fn reply(&mut self) -> std::io::Result<String> {
+            let mut line = String::new();
+            self.1.read_line(&mut line)?;
+            Ok(line.trim_end().to_string())
+        }
+        fn ping(&mut self) -> std::io::Result<String> {
+            self.send_ping();
+            self.reply()
+        }
+    }
+    // Controls take effect on the proxy's thread a moment after the call.
+    let settle = || std::thread::sleep(Duration::from_millis(50));
+    let timed_out = |r: std::io::Result<String>| matches!(r, Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut));
+
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port);
+    let mut a = Conn::open(proxy.port());
+    assert_eq!(a.ping().unwrap(), "+PONG");
+
+    // Blackholed: an open connection and a new one both hang, neither is refused.
+    proxy.blackhole(true);
+    settle();
+    a.send_ping();
+    assert!(timed_out(a.reply()), "a blackholed link must hang");
+    let mut b = Conn::open(proxy.port());
+    b.send_ping();
+    assert!(timed_out(b.reply()), "a new connection must hang too");
+    // Healed: what was held arrives.
+    proxy.blackhole(false);
+    assert_eq!(a.reply().unwrap(), "+PONG");
+    assert_eq!(b.reply().unwrap(), "+PONG");
+
+    // Abandoned: the open connections hang for good; a new one works.
+    proxy.abandon();
+    settle();
+    assert!(timed_out(a.ping()), "an abandoned connection must hang");
+    let mut c = Conn::open(proxy.port());
+    assert_eq!(c.ping().unwrap(), "+PONG");
+
+    // Severed: every live connection is closed (abandoned ones too); a new one works.
+    proxy.sever();
+    settle();
+    let closed = |r: std::io::Result<String>| match r {
+        Ok(line) => line.is_empty(),
+        Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+    };
+    assert!(closed(c.ping()), "a severed connection is closed");
+    assert!(
+        closed(b.reply()),
+        "an abandoned connection is closed by a sever"
+    );
+    let mut d = Conn::open(proxy.port());
+    assert_eq!(d.ping().unwrap(), "+PONG");
+    assert_eq!(proxy.accepted(), 4);
 }
