@@ -48,7 +48,7 @@ const PER_SCENE: usize = 100;
 const CONCURRENCY: usize = 4;
 
 /// The sever fault cuts the proxied connection this often while its load runs.
-const SEVER_EVERY: Duration = Duration::from_millis(20);
+const SEVER_EVERY: Duration = Duration::from_millis(10);
 
 /// Length of each `DEBUG SLEEP`; the next is queued before one ends, so Redis stays busy
 /// for as long as the load needs.
