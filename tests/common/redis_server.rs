@@ -1,8 +1,17 @@
 //! A throwaway `redis-server` per test: a free port, no persistence, killed on drop.
 //! Tests never touch the machine's shared Redis.
+//!
+//! Faults a test can inject: [`RedisServer::kill`] / [`RedisServer::restart`] (gone, or
+//! back empty), [`RedisServer::pause`] / [`RedisServer::resume`] (SIGSTOP: hung, not
+//! refusing), [`RedisServer::command`] (e.g. `SCRIPT FLUSH`) and
+//! [`RedisServer::debug_sleep`] (the server busy in a side connection).
 
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// A `redis-server` child process owned by one test.
@@ -10,6 +19,8 @@ pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     dir: tempfile::TempDir,
+    /// Stopped with SIGSTOP and not yet continued.
+    paused: bool,
 }
 
 impl RedisServer {
@@ -28,6 +39,7 @@ impl RedisServer {
             child: None,
             port,
             dir,
+            paused: false,
         };
         server.spawn();
         server
@@ -47,6 +59,13 @@ impl RedisServer {
                 "--protected-mode",
                 "no",
             ])
+            // Redis >= 7 refuses DEBUG unless enabled; older servers do not know the option
+            // (and would refuse to start with it).
+            .args(if redis_major_version() >= 7 {
+                &["--enable-debug-command", "local"][..]
+            } else {
+                &[][..]
+            })
             .arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())
@@ -94,8 +113,12 @@ impl RedisServer {
         self.client().get_connection().expect("redis connection")
     }
 
-    /// Kills the server (SIGKILL) and waits for it.
+    /// Kills the server (SIGKILL) and waits for it. A paused server is continued first, so
+    /// no stopped process is ever left behind.
     pub fn kill(&mut self) {
+        if self.paused {
+            self.resume();
+        }
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -106,6 +129,56 @@ impl RedisServer {
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
+    }
+
+    /// The server's process id (panics when it is not running).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("redis-server is running").id()
+    }
+
+    /// SIGSTOP: the server hangs. The kernel still accepts connections and buffers what
+    /// clients send, so callers see timeouts, not refusals. Undone by [`Self::resume`]
+    /// (and by [`Self::kill`] and drop).
+    pub fn pause(&mut self) {
+        self.signal("-STOP");
+        self.paused = true;
+    }
+
+    /// SIGCONT: a paused server goes on, answering everything it was sent meanwhile.
+    pub fn resume(&mut self) {
+        self.signal("-CONT");
+        self.paused = false;
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .arg(sig)
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap_or_else(|e| panic!("kill {sig}: {e}"));
+        assert!(status.success(), "kill {sig} {} failed", self.pid());
+    }
+
+    /// Runs one command on a fresh connection and returns its reply; panics on an error
+    /// reply. `command(&["SCRIPT", "FLUSH"])`, `command(&["DEBUG", "SLEEP", "0"])`.
+    pub fn command(&self, args: &[&str]) -> redis::Value {
+        let (name, rest) = args.split_first().expect("a command name");
+        let mut cmd = redis::cmd(name);
+        for a in rest {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut self.conn())
+            .unwrap_or_else(|e| panic!("redis {args:?}: {e}"))
+    }
+
+    /// Keeps the server busy (`DEBUG SLEEP`) from a side connection until
+    /// [`DebugSleep::stop`]: one `DEBUG SLEEP <chunk>` after another, each queued while the
+    /// previous one still runs, so no other client is served in between.
+    pub fn debug_sleep(&self, chunk: Duration) -> DebugSleep {
+        // Fail here, clearly, if DEBUG is refused, rather than with a load that never
+        // sees the fault.
+        self.command(&["DEBUG", "SLEEP", "0"]);
+        DebugSleep::start(self.port, chunk)
     }
 
     /// How many times Redis ran each command, from `INFO commandstats` (lower-case names).
@@ -137,6 +210,91 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A server kept busy by `DEBUG SLEEP` in a side connection; see [`RedisServer::debug_sleep`].
+pub struct DebugSleep {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Instant>>,
+}
+
+impl DebugSleep {
+    fn start(port: u16, chunk: Duration) -> DebugSleep {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("side connection");
+        let secs = format!("{:.3}", chunk.as_secs_f64());
+        // RESP: *3 $5 DEBUG $5 SLEEP $n <secs>
+        let cmd = format!(
+            "*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n${}\r\n{secs}\r\n",
+            secs.len()
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            stream.write_all(cmd.as_bytes()).expect("send DEBUG SLEEP");
+            let mut sent = 1;
+            // Start of the sleep Redis is running now.
+            let mut current = Instant::now();
+            'queue: loop {
+                // Halfway through the current sleep, queue the next one.
+                while Instant::now() < current + chunk / 2 {
+                    if stopping.load(Ordering::SeqCst) {
+                        break 'queue;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                stream.write_all(cmd.as_bytes()).expect("send DEBUG SLEEP");
+                sent += 1;
+                current += chunk;
+            }
+            // Every queued sleep must run out: the fault ends with the last reply.
+            let mut replies = BufReader::new(stream);
+            for _ in 0..sent {
+                let mut line = String::new();
+                replies.read_line(&mut line).expect("DEBUG SLEEP reply");
+                assert_eq!(line.trim_end(), "+OK", "DEBUG SLEEP replied {line:?}");
+            }
+            Instant::now()
+        });
+        DebugSleep {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Queues no more sleeps and blocks until the last one is over; returns that moment
+    /// (the end of the fault).
+    pub fn stop(mut self) -> Instant {
+        self.stop.store(true, Ordering::SeqCst);
+        let thread = self.thread.take().expect("stopped once");
+        thread
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    }
+}
+
+impl Drop for DebugSleep {
+    fn drop(&mut self) {
+        // A test that failed before `stop`: queue nothing more; the queued sleeps end on
+        // their own (or with the server).
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The major version of the `redis-server` on PATH (0 when it cannot be run; starting
+/// it then fails with the clear message of [`RedisServer::start`]).
+pub fn redis_major_version() -> u32 {
+    static MAJOR: OnceLock<u32> = OnceLock::new();
+    *MAJOR.get_or_init(|| {
+        let out = Command::new("redis-server").arg("--version").output();
+        // "Redis server v=7.0.15 sha=..."
+        out.ok()
+            .and_then(|o| {
+                let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                let v = text.split("v=").nth(1)?.split('.').next()?.to_string();
+                v.parse().ok()
+            })
+            .unwrap_or(0)
+    })
 }
 
 /// A port nothing listens on right now.

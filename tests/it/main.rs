@@ -6,6 +6,7 @@ mod common;
 mod auth;
 mod durability;
 mod events;
+mod faults;
 mod http_check;
 mod http_errors;
 mod ops;
