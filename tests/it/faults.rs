@@ -1,5 +1,6 @@
 //! Fault injection: the check path while Redis is killed, hung (SIGSTOP), bounced empty,
-//! stripped of its scripts, busy (`DEBUG SLEEP`), cut mid-request or partitioned.
+//! stripped of its scripts, busy (`DEBUG SLEEP`), cut mid-request or partitioned (a
+//! partition that heals, and one that heals only for new connections).
 //!
 //! One rule set, three scenes (one per `on_store_error` policy), vigia on Redis with
 //! `store.timeout_ms = TIMEOUT_MS`. Each test injects one fault and asserts, per scene:
