@@ -19,6 +19,7 @@ use crate::rules::{self, RuleErrors, RulesHandle};
 use crate::store::breaker::Breaker;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
+use crate::store::redis_link::RedisLink;
 use crate::store::{StoreError, WindowStore};
 use crate::trust::{journal, Events, EventsError, RedisLedger, SledLedger, TrustLedger};
 
@@ -78,20 +79,19 @@ fn open_embedded(config: &Config, name: &str) -> Result<Arc<EmbeddedStore>, Star
 /// open a sled folder once).
 async fn open_ledger(
     config: &Config,
-    redis: Option<(redis::aio::ConnectionManager, u64, Arc<Breaker>)>,
+    redis: Option<Arc<RedisLink>>,
     db: &sled::Db,
     clock: Arc<dyn Clock>,
 ) -> Result<Arc<dyn TrustLedger>, StartError> {
     Ok(match redis {
-        Some((conn, timeout_ms, breaker)) => Arc::new(
-            RedisLedger::new(conn, timeout_ms, &config.store.key_prefix)
+        Some(link) => Arc::new(
+            RedisLedger::new(link, &config.store.key_prefix)
                 .await
                 .map_err(|source| StartError::Store {
                     backend: "redis",
                     url: config.store.redis_url.clone(),
                     source,
-                })?
-                .with_breaker(breaker),
+                })?,
         ),
         None => Arc::new(
             SledLedger::open(db, clock).map_err(|source| StartError::Store {
@@ -114,7 +114,7 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
     metrics.rules_version(&ruleset.version);
     // The primary store, and the node's own store for scenes whose policy is `local`
     // (with the embedded backend the primary already is the node's own).
-    let mut redis_conn = None;
+    let mut redis_link = None;
     let (store, local, embedded): (Arc<dyn WindowStore>, Option<Arc<dyn WindowStore>>, _) =
         match config.store.backend {
             StoreBackend::Embedded => {
@@ -122,19 +122,19 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
                 (windows.clone(), None, vec![windows])
             }
             StoreBackend::Redis => {
-                let redis = RedisStore::connect(&config.store.redis_url, config.store.timeout_ms)
-                    .await
-                    .map_err(|source| StartError::Store {
-                        backend: "redis",
-                        url: config.store.redis_url.clone(),
-                        source,
-                    })?
-                    .with_breaker(Arc::new(Breaker::new(
-                        "redis",
-                        config.store.breaker(),
-                        Some(metrics.clone()),
-                    )));
-                redis_conn = Some((redis.connection(), redis.timeout_ms(), redis.breaker()));
+                let breaker = Breaker::new("redis", config.store.breaker(), Some(metrics.clone()));
+                let redis = RedisStore::connect_with(
+                    &config.store.redis_url,
+                    config.store.timeout_ms,
+                    Arc::new(breaker),
+                )
+                .await
+                .map_err(|source| StartError::Store {
+                    backend: "redis",
+                    url: config.store.redis_url.clone(),
+                    source,
+                })?;
+                redis_link = Some(redis.link());
                 let local = open_embedded(config, "local")?;
                 (Arc::new(redis), Some(local.clone()), vec![local])
             }
@@ -143,7 +143,7 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let events_dir = config.data_dir.join("events");
     let events_db = journal::open_db(&events_dir).map_err(|e| StartError::Events(e.into()))?;
-    let ledger = open_ledger(config, redis_conn, &events_db, clock.clone()).await?;
+    let ledger = open_ledger(config, redis_link, &events_db, clock.clone()).await?;
     let behaviours = Behaviours::start(
         &config.behaviour,
         &config.data_dir.join("behaviour"),

@@ -54,6 +54,8 @@ impl Default for BreakerSettings {
 struct Telemetry {
     store: &'static str,
     open: AtomicBool,
+    /// Set when the breaker lets a probe through; taken by the caller that makes it.
+    probe: AtomicBool,
     metrics: Option<Metrics>,
 }
 
@@ -81,7 +83,9 @@ impl Instrument for Shared {
         }
     }
 
-    fn on_half_open(&self) {}
+    fn on_half_open(&self) {
+        self.probe.store(true, Ordering::Release);
+    }
 
     fn on_closed(&self) {
         // `failsafe` reports the initial closed state too; only a close after an open is news.
@@ -145,6 +149,7 @@ impl Breaker {
         let telemetry = Arc::new(Telemetry {
             store,
             open: AtomicBool::new(false),
+            probe: AtomicBool::new(false),
             metrics,
         });
         if let Some(m) = &telemetry.metrics {
@@ -188,6 +193,12 @@ impl Breaker {
             Err(StoreError::CircuitOpen) => {}
             Ok(_) | Err(StoreError::Protocol(_)) => self.machine.on_success(),
         }
+    }
+
+    /// `true` once per half-open transition: the caller is the probe (and may want to
+    /// rebuild its connection before asking).
+    pub fn take_probe(&self) -> bool {
+        self.telemetry.probe.swap(false, Ordering::AcqRel)
     }
 
     /// Whether the breaker is open (half-open counts as open until a probe succeeds).

@@ -10,6 +10,7 @@
 pub mod breaker;
 pub mod embedded;
 pub mod redis;
+pub mod redis_link;
 
 use async_trait::async_trait;
 

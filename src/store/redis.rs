@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::breaker::{Breaker, BreakerSettings};
+use super::redis_link::RedisLink;
 use super::{CheckOp, CheckOutcome, LimitState, RefundOp, StoreError, WindowStore};
 use crate::clock::Clock;
 use crate::rules::Algorithm;
@@ -33,19 +33,12 @@ const REFUND_LUA: &str = include_str!("../../lua/refund.lua");
 /// timeout: a 50 ms request budget is too tight for a TCP connect plus two loads.
 pub(crate) const STARTUP_MIN_MS: u64 = 1000;
 
-/// Reconnect attempts per connection loss. Each attempt is bounded by the connection
-/// timeout; requests meanwhile fail on their own deadline, and the next request after a
-/// failed round of attempts starts another.
-const RECONNECT_RETRIES: usize = 3;
-
 /// A [`WindowStore`] on one Redis (standalone or a failover pair behind one address).
 pub struct RedisStore {
-    conn: ConnectionManager,
+    /// Shared with the trust ledger: one connection, one breaker.
+    link: Arc<RedisLink>,
     check_script: Script,
     refund_script: Script,
-    timeout_ms: u64,
-    /// Shared with the trust ledger on the same connection.
-    breaker: Arc<Breaker>,
     /// Tests only: `Some` replaces Redis `TIME` with this clock.
     clock: Option<Arc<dyn Clock>>,
 }
@@ -53,9 +46,7 @@ pub struct RedisStore {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("conn", &self.conn)
-            .field("timeout_ms", &self.timeout_ms)
-            .field("breaker", &self.breaker)
+            .field("link", &self.link)
             .field("injected_clock", &self.clock.is_some())
             .finish()
     }
@@ -67,34 +58,35 @@ impl RedisStore {
     /// `timeout_ms` bounds every later store call and each connection attempt; start-up
     /// itself gets `max(timeout_ms, 1 s)`. A Redis that does not answer is an error here.
     pub async fn connect(url: &str, timeout_ms: u64) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url)
-            .map_err(|e| StoreError::Unavailable(format!("invalid redis url {url:?}: {e}")))?;
+        let breaker = Breaker::new("redis", BreakerSettings::default(), None);
+        Self::connect_with(url, timeout_ms, Arc::new(breaker)).await
+    }
+
+    /// [`RedisStore::connect`] with a given circuit breaker (the app's reports metrics).
+    pub async fn connect_with(
+        url: &str,
+        timeout_ms: u64,
+        breaker: Arc<Breaker>,
+    ) -> Result<RedisStore, StoreError> {
         let timeout_ms = timeout_ms.max(1);
-        let timeout = Duration::from_millis(timeout_ms);
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(RECONNECT_RETRIES);
+        let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
+        let link = RedisLink::open(url, timeout_ms, startup_ms, breaker).await?;
         let check_script = Script::new(CHECK_LUA);
         let refund_script = Script::new(REFUND_LUA);
-
-        let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
-        let conn = tokio::time::timeout(Duration::from_millis(startup_ms), async {
-            let mut conn = ConnectionManager::new_with_config(client, config).await?;
+        let mut conn = link.raw();
+        tokio::time::timeout(Duration::from_millis(startup_ms), async {
             check_script.load_async(&mut conn).await?;
             refund_script.load_async(&mut conn).await?;
-            Ok::<_, RedisError>(conn)
+            Ok::<_, RedisError>(())
         })
         .await
         .map_err(|_| StoreError::Timeout(startup_ms))?
         .map_err(|e| map_redis_error(e, timeout_ms))?;
 
         Ok(RedisStore {
-            conn,
+            link,
             check_script,
             refund_script,
-            timeout_ms,
-            breaker: Arc::new(Breaker::new("redis", BreakerSettings::default(), None)),
             clock: None,
         })
     }
@@ -106,34 +98,15 @@ impl RedisStore {
         self
     }
 
-    /// A handle on the store's connection, for other Redis users of the node (the trust
-    /// ledger): one multiplexed connection per node, not one per component.
-    pub fn connection(&self) -> ConnectionManager {
-        self.conn.clone()
+    /// The store's link to Redis, for the node's other Redis user (the trust ledger): one
+    /// multiplexed connection and one breaker per node, not one per component.
+    pub fn link(&self) -> Arc<RedisLink> {
+        self.link.clone()
     }
 
     /// The deadline of one store call, ms.
     pub fn timeout_ms(&self) -> u64 {
-        self.timeout_ms
-    }
-
-    /// Uses `breaker` (e.g. one reporting metrics, shared with the trust ledger).
-    pub fn with_breaker(mut self, breaker: Arc<Breaker>) -> Self {
-        self.breaker = breaker;
-        self
-    }
-
-    /// The circuit breaker every call of this store goes through.
-    pub fn breaker(&self) -> Arc<Breaker> {
-        self.breaker.clone()
-    }
-
-    /// Runs `fut` under the store deadline, mapping both failure layers to [`StoreError`].
-    async fn bounded<T>(
-        &self,
-        fut: impl std::future::Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, StoreError> {
-        guarded(&self.breaker, self.timeout_ms, fut).await
+        self.link.timeout_ms()
     }
 
     /// The `now` argument of the scripts: empty means "read Redis TIME".
@@ -175,8 +148,8 @@ impl WindowStore for RedisStore {
                 .arg(limit.retain_ms.max(window_ms));
         }
 
-        let mut conn = self.conn.clone();
-        let reply: Value = self.bounded(inv.invoke_async(&mut conn)).await?;
+        let mut conn = self.link.conn().await?;
+        let reply: Value = self.link.run(inv.invoke_async(&mut conn)).await?;
         parse_check_reply(reply, op.limits.len())
     }
 
@@ -188,8 +161,8 @@ impl WindowStore for RedisStore {
         }
         inv.arg(&op.request_id);
 
-        let mut conn = self.conn.clone();
-        let reply: Value = self.bounded(inv.invoke_async(&mut conn)).await?;
+        let mut conn = self.link.conn().await?;
+        let reply: Value = self.link.run(inv.invoke_async(&mut conn)).await?;
         match reply {
             Value::Int(1) => Ok(true),
             Value::Int(0) => Ok(false),
@@ -200,9 +173,10 @@ impl WindowStore for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.link.conn().await?;
         let reply: Value = self
-            .bounded(redis::cmd("PING").query_async(&mut conn))
+            .link
+            .run(redis::cmd("PING").query_async(&mut conn))
             .await?;
         match reply {
             Value::SimpleString(s) if s == "PONG" => Ok(()),
@@ -214,19 +188,6 @@ impl WindowStore for RedisStore {
     fn kind(&self) -> &'static str {
         "redis"
     }
-}
-
-/// Runs `fut` through `breaker` (refused at once while it is open) under a `timeout_ms`
-/// deadline, and feeds the result back to the breaker.
-pub(crate) async fn guarded<T>(
-    breaker: &Breaker,
-    timeout_ms: u64,
-    fut: impl std::future::Future<Output = Result<T, RedisError>>,
-) -> Result<T, StoreError> {
-    breaker.permit()?;
-    let result = bounded(timeout_ms, fut).await;
-    breaker.record(&result);
-    result
 }
 
 /// Runs `fut` under a `timeout_ms` deadline, mapping both failure layers to [`StoreError`]:

@@ -19,14 +19,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 use redis::{RedisError, Script, Value};
 
 use super::ledger::{Award, AwardKind, TrustLedger, TrustRead};
 use crate::check::keys::encode_into;
 use crate::clock::Clock;
-use crate::store::breaker::{Breaker, BreakerSettings};
-use crate::store::redis::{guarded, map_redis_error, STARTUP_MIN_MS};
+use crate::store::redis::{map_redis_error, STARTUP_MIN_MS};
+use crate::store::redis_link::RedisLink;
 use crate::store::StoreError;
 
 const READ_LUA: &str = include_str!("../../lua/trust_read.lua");
@@ -41,14 +40,12 @@ pub const SEEN_RETENTION_MS: u64 = 90 * 86_400_000;
 
 /// A [`TrustLedger`] on the node's Redis connection.
 pub struct RedisLedger {
-    conn: ConnectionManager,
-    timeout_ms: u64,
+    /// The window store's link: one connection and one breaker for both.
+    link: Arc<RedisLink>,
     prefix: String,
     read_script: Script,
     award_script: Script,
     awards_script: Script,
-    /// The window store's breaker when built by the app: one connection, one outage.
-    breaker: Arc<Breaker>,
     /// Tests only: `Some` replaces Redis `TIME` with this clock.
     clock: Option<Arc<dyn Clock>>,
 }
@@ -57,7 +54,7 @@ impl std::fmt::Debug for RedisLedger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLedger")
             .field("prefix", &self.prefix)
-            .field("timeout_ms", &self.timeout_ms)
+            .field("link", &self.link)
             .field("injected_clock", &self.clock.is_some())
             .finish()
     }
@@ -65,27 +62,21 @@ impl std::fmt::Debug for RedisLedger {
 
 impl RedisLedger {
     /// Builds the ledger on an existing connection (the window store's, see
-    /// `RedisStore::connection`) and loads its scripts, so a Redis that cannot take them
+    /// `RedisStore::link`) and loads its scripts, so a Redis that cannot take them
     /// fails at start-up rather than on the first event. `timeout_ms` bounds every later
     /// call; loading gets at least 1 s.
-    pub async fn new(
-        conn: ConnectionManager,
-        timeout_ms: u64,
-        prefix: &str,
-    ) -> Result<RedisLedger, StoreError> {
-        let timeout_ms = timeout_ms.max(1);
+    pub async fn new(link: Arc<RedisLink>, prefix: &str) -> Result<RedisLedger, StoreError> {
+        let timeout_ms = link.timeout_ms();
         let ledger = RedisLedger {
-            conn,
-            timeout_ms,
+            link,
             prefix: prefix.to_string(),
             read_script: Script::new(READ_LUA),
             award_script: Script::new(AWARD_LUA),
             awards_script: Script::new(AWARDS_LUA),
-            breaker: Arc::new(Breaker::new("redis", BreakerSettings::default(), None)),
             clock: None,
         };
         let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
-        let mut conn = ledger.conn.clone();
+        let mut conn = ledger.link.raw();
         tokio::time::timeout(Duration::from_millis(startup_ms), async {
             for script in [
                 &ledger.read_script,
@@ -100,13 +91,6 @@ impl RedisLedger {
         .map_err(|_| StoreError::Timeout(startup_ms))?
         .map_err(|e| map_redis_error(e, timeout_ms))?;
         Ok(ledger)
-    }
-
-    /// Goes through `breaker` (the window store's: they share the connection, so one
-    /// outage opens one breaker for both).
-    pub fn with_breaker(mut self, breaker: Arc<Breaker>) -> Self {
-        self.breaker = breaker;
-        self
     }
 
     /// TEST ONLY: take "now" from `clock` instead of Redis `TIME`. Key expiries still run
@@ -186,9 +170,8 @@ impl TrustLedger for RedisLedger {
             .arg(self.now_arg())
             .arg(if mark_seen { "1" } else { "0" })
             .arg(SEEN_RETENTION_MS);
-        let mut conn = self.conn.clone();
-        let reply: Value =
-            guarded(&self.breaker, self.timeout_ms, inv.invoke_async(&mut conn)).await?;
+        let mut conn = self.link.conn().await?;
+        let reply: Value = self.link.run(inv.invoke_async(&mut conn)).await?;
         let script = "trust_read.lua";
         let Value::Array(items) = reply else {
             return Err(protocol(
@@ -218,9 +201,8 @@ impl TrustLedger for RedisLedger {
             .arg(&award.event_id)
             .arg(award.expires_at_ms)
             .arg(self.now_arg());
-        let mut conn = self.conn.clone();
-        let reply: Value =
-            guarded(&self.breaker, self.timeout_ms, inv.invoke_async(&mut conn)).await?;
+        let mut conn = self.link.conn().await?;
+        let reply: Value = self.link.run(inv.invoke_async(&mut conn)).await?;
         // 0 (already awarded, or already expired) is as good as 1: the award stands.
         int("trust_award.lua", &reply).map(|_| ())
     }
@@ -228,9 +210,8 @@ impl TrustLedger for RedisLedger {
     async fn awards(&self, user_id: &str) -> Result<Vec<Award>, StoreError> {
         let mut inv = self.awards_script.prepare_invoke();
         inv.key(self.points_key(user_id)).arg(self.now_arg());
-        let mut conn = self.conn.clone();
-        let reply: Value =
-            guarded(&self.breaker, self.timeout_ms, inv.invoke_async(&mut conn)).await?;
+        let mut conn = self.link.conn().await?;
+        let reply: Value = self.link.run(inv.invoke_async(&mut conn)).await?;
         let script = "trust_awards.lua";
         let Value::Array(items) = reply else {
             return Err(protocol(

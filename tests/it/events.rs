@@ -624,7 +624,7 @@ async fn awards_expire_on_the_redis_ledger_and_so_does_the_key() {
         .await
         .unwrap()
         .with_clock(Arc::new(clock.clone()));
-    let ledger = RedisLedger::new(store.connection(), store.timeout_ms(), "lt")
+    let ledger = RedisLedger::new(store.link(), "lt")
         .await
         .unwrap()
         .with_clock(Arc::new(clock.clone()));
@@ -653,7 +653,7 @@ async fn the_redis_ledger_marks_first_sightings_with_a_bounded_retention() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(now_ms());
     let store = RedisStore::connect(&redis.url(), 2000).await.unwrap();
-    let ledger = RedisLedger::new(store.connection(), store.timeout_ms(), "lt")
+    let ledger = RedisLedger::new(store.link(), "lt")
         .await
         .unwrap()
         .with_clock(Arc::new(clock.clone()));
