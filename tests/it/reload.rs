@@ -331,6 +331,17 @@ async fn sighup_reloads_the_real_binary() {
     std::fs::write(&target, rules_max(4)).unwrap();
     let v1 = folder_version(rules.path());
     assert_ne!(v0, v1);
+    // The watch must not see it (else this test would not prove SIGHUP): three debounce
+    // periods later the old version still serves.
+    let quiet = Instant::now() + 3 * vigia::rules::watch::DEBOUNCE;
+    while Instant::now() < quiet {
+        assert_eq!(
+            version().await,
+            v0,
+            "the watch saw a write outside its folder"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let status = Command::new("kill")
         .arg("-HUP")
         .arg(v.pid().to_string())
