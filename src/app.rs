@@ -15,7 +15,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, StoreBackend};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
-use crate::rules::{self, RuleErrors, RulesHandle};
+use crate::rules::{self, watch, Reloader, RuleErrors, RulesHandle, Trigger};
 use crate::store::breaker::Breaker;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
@@ -172,11 +172,36 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
     .map_err(StartError::Events)?;
     events.spawn_replayer();
     tracing::info!(version = %ruleset.version, scenes = ruleset.scenes.len(), "rules loaded");
+    let rules = Arc::new(RulesHandle::new(ruleset));
+    let last_rules_error = Arc::new(ArcSwapOption::empty());
+    let sync = checker.clone();
+    let reloader = Arc::new(Reloader::new(
+        &config.rules_dir,
+        rules.clone(),
+        // Gateway buckets of unchanged scenes carry over; added scenes get one, removed
+        // scenes lose theirs.
+        Box::new(move |new| sync.sync_rules(new)),
+        metrics.clone(),
+        last_rules_error.clone(),
+    ));
+    let rules_watcher = match watch::watch(reloader.clone()) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::error!(
+                dir = %config.rules_dir.display(),
+                error = %e,
+                "rules watch: cannot start; reload with SIGHUP or POST /v1/admin/reload"
+            );
+            None
+        }
+    };
     let state = web::Data::new(AppState {
-        rules: Arc::new(RulesHandle::new(ruleset)),
+        rules,
         checker,
         metrics,
-        last_rules_error: Arc::new(ArcSwapOption::empty()),
+        last_rules_error,
+        reloader,
+        rules_watcher,
         auth: config.auth.clone(),
         events,
     });
@@ -239,10 +264,29 @@ pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, S
     })
 }
 
+/// Reloads the rules on every SIGHUP, on a blocking thread (the reloader logs each try).
+fn spawn_sighup_reload(reloader: Arc<Reloader>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "SIGHUP: cannot listen; rules reload on SIGHUP is off");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let reloader = reloader.clone();
+            let _ = tokio::task::spawn_blocking(move || reloader.reload(Trigger::Signal)).await;
+        }
+    });
+}
+
 /// Runs the service until SIGINT or SIGTERM (graceful: in-flight checks finish).
 pub async fn serve(config: &Config) -> Result<(), StartError> {
     let running = start(config, None).await?;
     tracing::info!(addr = %running.addr, "vigia listening");
+    spawn_sighup_reload(running.state.reloader.clone());
     let result = running.server.await.map_err(StartError::Server);
     // SIGTERM/SIGINT: the server drained; make every window and every entity's behaviour
     // durable before exiting.

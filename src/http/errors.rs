@@ -7,6 +7,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::check::RequestError;
+use crate::rules::RuleErrors;
 use crate::store::StoreError;
 use crate::trust::EventsError;
 
@@ -29,6 +30,13 @@ pub enum ApiError {
     /// cannot write (500 `journal_unavailable`, naming its folder).
     #[error(transparent)]
     Events(#[from] EventsError),
+    /// `POST /v1/admin/reload`: the folder does not hold a valid rule set (422); the
+    /// previous rules keep serving.
+    #[error("invalid rules; the previous rules keep serving:\n{0}")]
+    InvalidRules(RuleErrors),
+    /// A server-side failure with no better name (500).
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 /// The error body's inner object.
@@ -36,10 +44,16 @@ pub enum ApiError {
 pub struct ErrorDetail {
     /// `invalid_json`, `unknown_scene`, `missing_dimension`, `invalid_field`,
     /// `unauthorized`, `payload_too_large`, `unsupported_media_type`, `not_found`,
-    /// `store_unavailable`, `journal_unavailable`.
+    /// `store_unavailable`, `journal_unavailable`, `invalid_rules`, `internal`.
     pub code: &'static str,
     pub message: String,
     pub field: Option<String>,
+    /// `invalid_rules`: the rule file of the first error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// `invalid_rules`: its line (1-based; 0 for the file as a whole).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<usize>,
 }
 
 /// `{"error": {...}}`.
@@ -60,6 +74,15 @@ impl ApiError {
             ApiError::Unauthorized => "unauthorized",
             ApiError::NotFound => "not_found",
             ApiError::StoreUnavailable(_) => "store_unavailable",
+            ApiError::InvalidRules(_) => "invalid_rules",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    fn first_rule_error(&self) -> Option<&crate::rules::RuleError> {
+        match self {
+            ApiError::InvalidRules(errors) => errors.0.first(),
+            _ => None,
         }
     }
 
@@ -83,6 +106,8 @@ impl ResponseError for ApiError {
             ApiError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Events(EventsError::Invalid { .. }) => StatusCode::BAD_REQUEST,
             ApiError::Events(EventsError::Journal(_)) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::InvalidRules(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -99,6 +124,8 @@ impl ResponseError for ApiError {
                 code: self.code(),
                 message: self.to_string(),
                 field: self.field(),
+                file: self.first_rule_error().map(|e| e.file.clone()),
+                line: self.first_rule_error().map(|e| e.line),
             },
         })
     }

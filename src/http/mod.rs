@@ -3,6 +3,7 @@
 //! Handlers take one rule-set snapshot each and pass it down; nothing below them reads
 //! the global handle again.
 
+pub mod admin;
 pub mod auth;
 pub mod check;
 pub mod errors;
@@ -18,7 +19,7 @@ use utoipa::OpenApi;
 use crate::check::Checker;
 use crate::config::AuthConfig;
 use crate::metrics::Metrics;
-use crate::rules::RulesHandle;
+use crate::rules::{Reloader, RulesHandle};
 use crate::trust::Events;
 
 /// The largest body `/v1/check` and `/v1/refund` read: 64 KiB.
@@ -30,6 +31,11 @@ pub struct AppState {
     pub checker: Arc<Checker>,
     pub metrics: Metrics,
     pub last_rules_error: Arc<ArcSwapOption<ops::RulesError>>,
+    /// Reloads the rules folder (shared with the watch and SIGHUP).
+    pub reloader: Arc<Reloader>,
+    /// The rules folder watch; dropped (stopped) with the state. `None` when it could
+    /// not start (logged; SIGHUP and the admin endpoint still reload).
+    pub rules_watcher: Option<crate::rules::watch::RulesWatcher>,
     pub auth: AuthConfig,
     /// Trust events: journal, ledger, replayer.
     pub events: Arc<Events>,
@@ -46,6 +52,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/openapi.json"),
     ("post", "/v1/events"),
     ("get", "/v1/trust/{user_id}"),
+    ("post", "/v1/admin/reload"),
 ];
 
 /// The OpenAPI document.
@@ -64,7 +71,8 @@ pub const ROUTES: &[(&str, &str)] = &[
         ops::metrics,
         ops::openapi,
         events::ingest,
-        events::trust
+        events::trust,
+        admin::reload
     ),
     components(schemas(
         crate::check::decision::CheckResponse,
@@ -85,6 +93,7 @@ pub const ROUTES: &[(&str, &str)] = &[
         events::AwardAnswer,
         events::TrustAnswer,
         crate::trust::IngestReport,
+        admin::ReloadAnswer,
     ))
 )]
 pub struct ApiDoc;
@@ -115,6 +124,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route(web::post().to(events::ingest)),
         )
         .route("/v1/trust/{user_id}", web::get().to(events::trust))
+        .route("/v1/admin/reload", web::post().to(admin::reload))
         .default_service(web::to(not_found));
 }
 

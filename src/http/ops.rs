@@ -22,14 +22,8 @@ pub struct Ready {
     pub problems: Vec<String>,
 }
 
-/// The last rule load that failed.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct RulesError {
-    pub file: String,
-    pub line: usize,
-    pub message: String,
-    pub at: String,
-}
+/// The last rule load that failed (kept by the reloader).
+pub use crate::rules::RulesError;
 
 /// `GET /v1/rules`.
 #[derive(Debug, Serialize, ToSchema)]

@@ -30,7 +30,8 @@ pub struct RuleErrors(pub Vec<RuleError>);
 ///
 /// Only the folder itself is read (not sub-folders); hidden files (`.x.toml`, editors'
 /// swap files) and other extensions are ignored. A folder without rule files is an
-/// error: serving with no scenes would deny or fail every check.
+/// error, and so are rule files that define no scene: serving with no scenes would deny
+/// or fail every check.
 pub fn load_dir(dir: &Path) -> Result<RuleSet, RuleErrors> {
     let folder_error = |message: String| {
         RuleErrors(vec![RuleError {
@@ -72,6 +73,12 @@ pub fn load_dir(dir: &Path) -> Result<RuleSet, RuleErrors> {
         )));
     }
     match compile_files(&files) {
+        // Files that define no scene at all (an emptied file, or one caught half-written
+        // by a reload) would refuse every check: keep whatever serves instead.
+        Ok(rules) if errors.is_empty() && rules.scenes.is_empty() => Err(folder_error(format!(
+            "no scene in the rule files in {}",
+            dir.display()
+        ))),
         Ok(rules) if errors.is_empty() => Ok(rules),
         Ok(_) => Err(sorted(errors)),
         Err(RuleErrors(more)) => {

@@ -10,6 +10,8 @@ mod compile;
 mod duration;
 mod load;
 mod raw;
+pub mod reload;
+pub mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use regex::Regex;
 pub use compile::compile_files;
 pub use duration::parse_duration_ms;
 pub use load::{load_dir, RuleError, RuleErrors};
+pub use reload::{Reloaded, Reloader, RulesError, Trigger};
 
 /// A dimension of a check: who or what an action is attributed to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -73,7 +73,7 @@ impl Vigia {
         }
     }
 
-    async fn check(&self, body: &Value) -> (u16, Value) {
+    pub(crate) async fn check(&self, body: &Value) -> (u16, Value) {
         let r = reqwest::Client::new()
             .post(format!("{}/v1/check", self.base))
             .json(body)
@@ -81,6 +81,11 @@ impl Vigia {
             .await
             .expect("check");
         (r.status().as_u16(), r.json().await.expect("json"))
+    }
+
+    /// The child's process id (to send it signals).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     fn sigterm(mut self) {

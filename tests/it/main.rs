@@ -10,6 +10,7 @@ mod faults;
 mod http_check;
 mod http_errors;
 mod ops;
+mod reload;
 mod scoring;
 mod store_embedded;
 mod store_redis;

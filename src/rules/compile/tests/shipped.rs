@@ -267,6 +267,19 @@ fn an_empty_folder_is_an_error() {
 }
 
 #[test]
+fn rule_files_without_a_scene_are_an_error() {
+    let dir = folder(&[("s.toml", ""), ("t.toml", "\n# emptied\n")]);
+    let errs = load_dir(dir.path()).expect_err("no scene").0;
+    let shown = dir.path().display().to_string();
+    assert_eq!(errs.len(), 1);
+    assert_eq!((errs[0].file.as_str(), errs[0].line), (shown.as_str(), 0));
+    assert_eq!(
+        errs[0].message,
+        format!("no scene in the rule files in {shown}")
+    );
+}
+
+#[test]
 fn a_missing_folder_is_an_error() {
     let dir = folder(&[]);
     let gone = dir.path().join("nope");
