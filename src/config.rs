@@ -63,7 +63,9 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             backend: StoreBackend::Embedded,
-            redis_url: "redis://127.0.0.1:6379".into(),
+            // No built-in address: a Redis backend must name its Redis (config.toml or
+            // VIGIA_REDIS_URL), so vigia never counts in some other service's Redis by default.
+            redis_url: String::new(),
             timeout_ms: 50,
             key_prefix: "lt".into(),
             breaker_failures: BreakerSettings::default().failures,
@@ -293,7 +295,10 @@ impl Config {
             ));
         }
         if self.store.backend != StoreBackend::Embedded && self.store.redis_url.trim().is_empty() {
-            out.push(("store.redis_url", "empty while the backend is Redis".into()));
+            out.push((
+                "store.redis_url",
+                "empty while the backend is Redis; set it in config.toml or VIGIA_REDIS_URL".into(),
+            ));
         }
         out
     }
