@@ -15,7 +15,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, StoreBackend};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
-use crate::rules::{self, watch, Reloader, RuleErrors, RulesHandle, Trigger};
+use crate::rules::{self, watch, Reloader, RuleErrors, RuleSet, RulesHandle, Trigger};
 use crate::store::breaker::Breaker;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
@@ -62,14 +62,17 @@ pub struct Service {
 }
 
 /// Opens an embedded store under `data_dir/name` with its reaper running.
-fn open_embedded(config: &Config, name: &str) -> Result<Arc<EmbeddedStore>, StartError> {
+fn open_embedded(
+    config: &Config,
+    name: &str,
+    clock: &Arc<dyn Clock>,
+) -> Result<Arc<EmbeddedStore>, StartError> {
     let dir = config.data_dir.join(name);
-    let store =
-        EmbeddedStore::open(&dir, Arc::new(SystemClock)).map_err(|source| StartError::Store {
-            backend: "embedded",
-            url: dir.display().to_string(),
-            source,
-        })?;
+    let store = EmbeddedStore::open(&dir, clock.clone()).map_err(|source| StartError::Store {
+        backend: "embedded",
+        url: dir.display().to_string(),
+        source,
+    })?;
     store.start_reaper();
     Ok(store)
 }
@@ -84,15 +87,19 @@ async fn open_ledger(
     clock: Arc<dyn Clock>,
 ) -> Result<Arc<dyn TrustLedger>, StartError> {
     Ok(match redis {
-        Some(link) => Arc::new(
-            RedisLedger::new(link, &config.store.key_prefix)
+        Some(link) => {
+            let ledger = RedisLedger::new(link, &config.store.key_prefix)
                 .await
                 .map_err(|source| StartError::Store {
                     backend: "redis",
                     url: config.store.redis_url.clone(),
                     source,
-                })?,
-        ),
+                })?;
+            Arc::new(match redis_clock(&clock) {
+                Some(clock) => ledger.with_clock(clock),
+                None => ledger,
+            })
+        }
         None => Arc::new(
             SledLedger::open(db, clock).map_err(|source| StartError::Store {
                 backend: "sled",
@@ -103,22 +110,40 @@ async fn open_ledger(
     })
 }
 
-/// Builds the service's parts from a validated config.
-pub async fn build(config: &Config) -> Result<Service, StartError> {
-    let metrics = Metrics::new();
-    let ruleset = rules::load_dir(&config.rules_dir).map_err(|errors| StartError::Rules {
-        dir: config.rules_dir.display().to_string(),
-        errors,
-    })?;
-    metrics.rule_reload("ok");
-    metrics.rules_version(&ruleset.version);
+/// The clock Redis scripts take "now" from: none (Redis `TIME`, so nodes agree) with the
+/// wall clock; the service's own otherwise (a test's or a simulation's).
+fn redis_clock(clock: &Arc<dyn Clock>) -> Option<Arc<dyn Clock>> {
+    (!clock.is_wall()).then(|| clock.clone())
+}
+
+/// The parts that decide: the checker over its stores, the behaviour actors, the trust
+/// ledger and the events service. What `serve` adds around them (rules handle, reload,
+/// HTTP) is in [`build`]; `vigia simulate` drives these directly.
+pub struct Core {
+    pub checker: Arc<Checker>,
+    pub events: Arc<Events>,
+    pub behaviours: Behaviours,
+    pub ledger: Arc<dyn TrustLedger>,
+    /// Embedded stores to flush at shutdown.
+    pub embedded: Vec<Arc<EmbeddedStore>>,
+    pub metrics: Metrics,
+}
+
+/// Builds the deciding parts for `ruleset` on `clock`. Starts no background task that
+/// needs a runtime (the events replayer is the caller's to spawn).
+pub async fn build_core(
+    config: &Config,
+    ruleset: &RuleSet,
+    clock: Arc<dyn Clock>,
+    metrics: Metrics,
+) -> Result<Core, StartError> {
     // The primary store, and the node's own store for scenes whose policy is `local`
     // (with the embedded backend the primary already is the node's own).
     let mut redis_link = None;
     let (store, local, embedded): (Arc<dyn WindowStore>, Option<Arc<dyn WindowStore>>, _) =
         match config.store.backend {
             StoreBackend::Embedded => {
-                let windows = open_embedded(config, "windows")?;
+                let windows = open_embedded(config, "windows", &clock)?;
                 (windows.clone(), None, vec![windows])
             }
             StoreBackend::Redis => {
@@ -134,13 +159,16 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
                     url: config.store.redis_url.clone(),
                     source,
                 })?;
+                let redis = match redis_clock(&clock) {
+                    Some(clock) => redis.with_clock(clock),
+                    None => redis,
+                };
                 redis_link = Some(redis.link());
-                let local = open_embedded(config, "local")?;
+                let local = open_embedded(config, "local", &clock)?;
                 (Arc::new(redis), Some(local.clone()), vec![local])
             }
             StoreBackend::RedisCluster => return Err(StartError::Backend("redis_cluster")),
         };
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let events_dir = config.data_dir.join("events");
     let events_db = journal::open_db(&events_dir).map_err(|e| StartError::Events(e.into()))?;
     let ledger = open_ledger(config, redis_link, &events_db, clock.clone()).await?;
@@ -150,17 +178,23 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
         clock.clone(),
         metrics.clone(),
     )?;
-    let checker = Checker::new(store, local, metrics.clone(), &config.store.key_prefix)
-        .with_profiler(Profiler::new(
-            Some(behaviours.clone()),
-            Some(ledger.clone()),
-            clock.clone(),
-            metrics.clone(),
-        ));
-    checker.sync_rules(&ruleset);
+    let checker = Checker::new(
+        store,
+        local,
+        metrics.clone(),
+        &config.store.key_prefix,
+        clock.clone(),
+    )
+    .with_profiler(Profiler::new(
+        Some(behaviours.clone()),
+        Some(ledger.clone()),
+        clock.clone(),
+        metrics.clone(),
+    ));
+    checker.sync_rules(ruleset);
     let checker = Arc::new(checker);
     // Events apply through the checker (a rollback is a refund) and the same ledger the
-    // checks read; the replayer applies whatever a store outage left pending.
+    // checks read.
     let events = Events::open_in(
         events_db,
         &events_dir,
@@ -170,11 +204,33 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
         clock,
     )
     .map_err(StartError::Events)?;
-    events.spawn_replayer();
+    Ok(Core {
+        checker,
+        events,
+        behaviours,
+        ledger,
+        embedded,
+        metrics,
+    })
+}
+
+/// Builds the service's parts from a validated config, every one of them on `clock`
+/// (production: [`crate::clock::SystemClock`]).
+pub async fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Service, StartError> {
+    let metrics = Metrics::new();
+    let ruleset = rules::load_dir(&config.rules_dir).map_err(|errors| StartError::Rules {
+        dir: config.rules_dir.display().to_string(),
+        errors,
+    })?;
+    metrics.rule_reload("ok");
+    metrics.rules_version(&ruleset.version);
+    let core = build_core(config, &ruleset, clock.clone(), metrics.clone()).await?;
+    // The replayer applies whatever a store outage left pending.
+    core.events.spawn_replayer();
     tracing::info!(version = %ruleset.version, scenes = ruleset.scenes.len(), "rules loaded");
-    let rules = Arc::new(RulesHandle::new(ruleset));
+    let rules = Arc::new(RulesHandle::new(ruleset, clock));
     let last_rules_error = Arc::new(ArcSwapOption::empty());
-    let sync = checker.clone();
+    let sync = core.checker.clone();
     let reloader = Arc::new(Reloader::new(
         &config.rules_dir,
         rules.clone(),
@@ -197,19 +253,19 @@ pub async fn build(config: &Config) -> Result<Service, StartError> {
     };
     let state = web::Data::new(AppState {
         rules,
-        checker,
+        checker: core.checker,
         metrics,
         last_rules_error,
         reloader,
         rules_watcher,
         auth: config.auth.clone(),
-        events,
+        events: core.events,
     });
     Ok(Service {
         state,
-        embedded,
-        behaviours,
-        ledger,
+        embedded: core.embedded,
+        behaviours: core.behaviours,
+        ledger: core.ledger,
     })
 }
 
@@ -224,9 +280,14 @@ pub struct Running {
     pub ledger: Arc<dyn TrustLedger>,
 }
 
-/// Builds and binds the service (`listen` may use port 0); the caller awaits `server`.
-pub async fn start(config: &Config, workers: Option<usize>) -> Result<Running, StartError> {
-    let service = build(config).await?;
+/// Builds and binds the service (`listen` may use port 0) on `clock`; the caller awaits
+/// `server`.
+pub async fn start(
+    config: &Config,
+    workers: Option<usize>,
+    clock: Arc<dyn Clock>,
+) -> Result<Running, StartError> {
+    let service = build(config, clock).await?;
     let state = service.state.clone();
     let embedded = service.embedded.clone();
     let behaviours = service.behaviours.clone();
@@ -284,7 +345,7 @@ fn spawn_sighup_reload(reloader: Arc<Reloader>) {
 
 /// Runs the service until SIGINT or SIGTERM (graceful: in-flight checks finish).
 pub async fn serve(config: &Config) -> Result<(), StartError> {
-    let running = start(config, None).await?;
+    let running = start(config, None, Arc::new(SystemClock)).await?;
     tracing::info!(addr = %running.addr, "vigia listening");
     spawn_sighup_reload(running.state.reloader.clone());
     let result = running.server.await.map_err(StartError::Server);

@@ -4,26 +4,49 @@
 //!
 //! The buckets live in an immutable map swapped whole when the rule set changes; a scene
 //! whose gateway settings did not change keeps its bucket (a reload never refills it).
+//!
+//! Time is the service's one [`Clock`](crate::clock::Clock) (so a simulated day refills
+//! them as a real one would), read by governor as a `Duration` since the epoch. A wall
+//! clock stepped back only stops refilling until it catches up; the burst covers that.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use std::time::Duration;
 
+use arc_swap::ArcSwap;
+use governor::clock::Clock as _;
+use governor::middleware::NoOpMiddleware;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
+
+use crate::clock::Clock;
 use crate::rules::{Gateway, RuleSet};
+
+/// The service clock as governor reads it.
+#[derive(Debug, Clone)]
+struct GatewayClock(Arc<dyn Clock>);
+
+impl governor::clock::Clock for GatewayClock {
+    type Instant = Duration;
+
+    fn now(&self) -> Duration {
+        Duration::from_millis(self.0.now_ms())
+    }
+}
+
+type Limiter = RateLimiter<NotKeyed, InMemoryState, GatewayClock, NoOpMiddleware<Duration>>;
 
 struct Bucket {
     settings: Gateway,
-    limiter: DefaultDirectRateLimiter,
+    limiter: Limiter,
 }
 
 /// The gateway buckets of every scene that has one.
 pub struct Gateways {
     buckets: ArcSwap<HashMap<String, Arc<Bucket>>>,
-    clock: DefaultClock,
+    clock: GatewayClock,
 }
 
 impl std::fmt::Debug for Gateways {
@@ -31,15 +54,6 @@ impl std::fmt::Debug for Gateways {
         f.debug_struct("Gateways")
             .field("scenes", &self.buckets.load().len())
             .finish()
-    }
-}
-
-impl Default for Gateways {
-    fn default() -> Self {
-        Gateways {
-            buckets: ArcSwap::from_pointee(HashMap::new()),
-            clock: DefaultClock::default(),
-        }
     }
 }
 
@@ -51,6 +65,14 @@ fn quota(g: Gateway) -> Quota {
 }
 
 impl Gateways {
+    /// No buckets yet ([`Gateways::sync`] makes them), on `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Gateways {
+            buckets: ArcSwap::from_pointee(HashMap::new()),
+            clock: GatewayClock(clock),
+        }
+    }
+
     /// Makes the buckets match `rules`: new scenes get a full bucket, unchanged ones keep
     /// theirs, removed ones are dropped.
     pub fn sync(&self, rules: &RuleSet) {
@@ -62,7 +84,7 @@ impl Gateways {
                 Some(b) if b.settings == g => b.clone(),
                 _ => Arc::new(Bucket {
                     settings: g,
-                    limiter: RateLimiter::direct(quota(g)),
+                    limiter: RateLimiter::direct_with_clock(quota(g), self.clock.clone()),
                 }),
             };
             next.insert(name.clone(), bucket);

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::clock::SystemClock;
+use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::rules::{Algorithm, Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
 use crate::store::{CheckOp, CheckOutcome, LimitOp, RefundOp, StoreError, WindowStore};
@@ -43,17 +43,20 @@ pub struct Checker {
 }
 
 impl Checker {
+    /// A checker over `store` (and `local` for scenes whose policy is `local`); `clock` is
+    /// the service's one clock (gateway buckets, new-account ages).
     pub fn new(
         store: Arc<dyn WindowStore>,
         local: Option<Arc<dyn WindowStore>>,
         metrics: Metrics,
         key_prefix: &str,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         Checker {
             store,
             local,
-            gateways: Gateways::default(),
-            profiler: Profiler::new(None, None, Arc::new(SystemClock), metrics.clone()),
+            gateways: Gateways::new(clock.clone()),
+            profiler: Profiler::new(None, None, clock, metrics.clone()),
             metrics,
             key_prefix: key_prefix.to_string(),
         }

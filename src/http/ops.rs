@@ -76,7 +76,7 @@ pub async fn rules(state: web::Data<AppState>) -> HttpResponse {
     let rules = state.rules.current();
     HttpResponse::Ok().json(RulesInfo {
         version: rules.version.clone(),
-        loaded_at: rules.loaded_at.to_rfc3339(),
+        loaded_at: crate::clock::rfc3339(state.rules.loaded_at_ms()),
         scenes: rules.scenes.keys().cloned().collect(),
         last_error: state.last_rules_error.load_full().map(|e| (*e).clone()),
     })

@@ -22,7 +22,6 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use chrono::Utc;
 use toml::Spanned;
 
 use super::load::{sorted, version_of};
@@ -78,7 +77,6 @@ pub fn compile_files(files: &[(String, String)]) -> Result<RuleSet, RuleErrors> 
     }));
     Ok(RuleSet {
         version,
-        loaded_at: Utc::now(),
         scenes,
         trust,
         validation: validation.unwrap_or(Validation { device_id: None }),

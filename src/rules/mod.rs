@@ -17,9 +17,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use chrono::{DateTime, Utc};
 use ipnet::IpNet;
 use regex::Regex;
+
+use crate::clock::Clock;
 
 pub use compile::compile_files;
 pub use duration::parse_duration_ms;
@@ -263,7 +264,6 @@ pub struct Validation {
 pub struct RuleSet {
     /// Hex hash of the files' names and contents, sorted by name.
     pub version: String,
-    pub loaded_at: DateTime<Utc>,
     pub scenes: BTreeMap<String, Arc<Scene>>,
     pub trust: Option<Trust>,
     pub validation: Validation,
@@ -277,25 +277,55 @@ impl RuleSet {
 
 /// The current rule set, swapped atomically. Readers take one snapshot per request
 /// (`current()`) and pass it down; nothing below the handler reads the handle again.
+///
+/// When a set was put in service is the handle's business, not the set's: the same files
+/// compile to the same value whenever they are read, and the time comes from the
+/// service's clock.
 #[derive(Debug)]
 pub struct RulesHandle {
-    current: ArcSwap<RuleSet>,
+    current: ArcSwap<Serving>,
+    clock: Arc<dyn Clock>,
+}
+
+#[derive(Debug)]
+struct Serving {
+    rules: Arc<RuleSet>,
+    loaded_at_ms: u64,
 }
 
 impl RulesHandle {
-    pub fn new(rules: RuleSet) -> Self {
+    /// Serves `rules` from now on `clock`.
+    pub fn new(rules: RuleSet, clock: Arc<dyn Clock>) -> Self {
+        let loaded_at_ms = clock.now_ms();
         RulesHandle {
-            current: ArcSwap::from_pointee(rules),
+            current: ArcSwap::from_pointee(Serving {
+                rules: Arc::new(rules),
+                loaded_at_ms,
+            }),
+            clock,
         }
     }
 
     /// One consistent snapshot; cheap; hold it for the whole request.
     pub fn current(&self) -> Arc<RuleSet> {
-        self.current.load_full()
+        self.current.load().rules.clone()
+    }
+
+    /// When the set in force was swapped in, ms since the epoch.
+    pub fn loaded_at_ms(&self) -> u64 {
+        self.current.load().loaded_at_ms
+    }
+
+    /// The service clock the handle stamps loads with.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
     }
 
     /// Replaces the rule set whole.
     pub fn swap(&self, rules: RuleSet) {
-        self.current.store(Arc::new(rules));
+        self.current.store(Arc::new(Serving {
+            rules: Arc::new(rules),
+            loaded_at_ms: self.clock.now_ms(),
+        }));
     }
 }

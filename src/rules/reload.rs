@@ -31,7 +31,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwapOption;
-use chrono::{SecondsFormat, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -176,7 +175,7 @@ impl Reloader {
                     file: first.map_or_else(|| self.dir.display().to_string(), |e| e.file.clone()),
                     line: first.map_or(0, |e| e.line),
                     message: first.map_or_else(|| errors.to_string(), |e| e.message.clone()),
-                    at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+                    at: crate::clock::rfc3339(self.rules.clock().now_ms()),
                 })));
                 self.metrics.rule_reload("error");
                 tracing::warn!(
@@ -212,7 +211,10 @@ layer = "business"
 
     fn setup(dir: &Path) -> (Reloader, Arc<AtomicUsize>, Arc<RulesHandle>) {
         std::fs::write(dir.join("s.toml"), VALID).unwrap();
-        let rules = Arc::new(RulesHandle::new(load_dir(dir).unwrap()));
+        let rules = Arc::new(RulesHandle::new(
+            load_dir(dir).unwrap(),
+            Arc::new(crate::clock::SystemClock),
+        ));
         let synced = Arc::new(AtomicUsize::new(0));
         let s = synced.clone();
         let reloader = Reloader::new(

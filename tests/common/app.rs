@@ -2,9 +2,11 @@
 //! rule files in a temporary folder.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use reqwest::{Client, Response};
 use serde_json::Value;
+use vigia::clock::{Clock, SystemClock};
 use vigia::config::{Config, StoreBackend};
 
 use super::redis_server::RedisServer;
@@ -86,6 +88,16 @@ pub async fn spawn_app_configured(
     rule_files: &[(&str, &str)],
     configure: impl FnOnce(&mut Config),
 ) -> TestApp {
+    spawn_app_on_clock(redis, rule_files, configure, Arc::new(SystemClock)).await
+}
+
+/// [`spawn_app_configured`] with every part of the service on `clock`.
+pub async fn spawn_app_on_clock(
+    redis: RedisServer,
+    rule_files: &[(&str, &str)],
+    configure: impl FnOnce(&mut Config),
+    clock: Arc<dyn Clock>,
+) -> TestApp {
     let rules_dir = tempfile::tempdir().expect("rules dir");
     for (name, text) in rule_files {
         std::fs::write(rules_dir.path().join(name), text).expect("write rule file");
@@ -106,7 +118,7 @@ pub async fn spawn_app_configured(
     config.behaviour.deadline_ms = 1_000;
     config.behaviour.shards = 4;
     configure(&mut config);
-    let running = vigia::app::start(&config, Some(2))
+    let running = vigia::app::start(&config, Some(2), clock)
         .await
         .unwrap_or_else(|e| panic!("vigia starts: {e}"));
     let handle = running.handle.clone();

@@ -598,7 +598,13 @@ async fn awards_expire_on_the_sled_ledger() {
     let clock = ManualClock::new(1_700_000_000_000);
     let windows =
         EmbeddedStore::open(&dir.path().join("windows"), Arc::new(clock.clone())).unwrap();
-    let checker = Arc::new(Checker::new(windows, None, Metrics::new(), "lt"));
+    let checker = Arc::new(Checker::new(
+        windows,
+        None,
+        Metrics::new(),
+        "lt",
+        Arc::new(clock.clone()),
+    ));
     let events_dir = dir.path().join("events");
     let db = journal::open_db(&events_dir).unwrap();
     let ledger: Arc<dyn TrustLedger> =
@@ -629,7 +635,13 @@ async fn awards_expire_on_the_redis_ledger_and_so_does_the_key() {
         .unwrap()
         .with_clock(Arc::new(clock.clone()));
     let store: Arc<dyn WindowStore> = Arc::new(store);
-    let checker = Arc::new(Checker::new(store, None, Metrics::new(), "lt"));
+    let checker = Arc::new(Checker::new(
+        store,
+        None,
+        Metrics::new(),
+        "lt",
+        Arc::new(clock.clone()),
+    ));
     let dir = tempfile::tempdir().unwrap();
     let events = Events::open(
         dir.path(),
