@@ -13,6 +13,7 @@ pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod rules;
+pub mod simulate;
 pub mod store;
 pub mod sweep;
 pub mod trust;
