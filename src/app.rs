@@ -13,8 +13,10 @@ use crate::check::profile::Profiler;
 use crate::check::Checker;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, StoreBackend};
+use crate::http::recording::Recording;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
+use crate::record::{RecordError, Recorder};
 use crate::rules::{self, watch, Reloader, RuleErrors, RuleSet, RulesHandle, Trigger};
 use crate::store::breaker::Breaker;
 use crate::store::embedded::EmbeddedStore;
@@ -48,6 +50,9 @@ pub enum StartError {
     /// The events journal (its error names the folder).
     #[error("trust events: {0}")]
     Events(EventsError),
+    /// `[record]` cannot start (its error names the folder).
+    #[error("record: {0}")]
+    Record(#[from] RecordError),
 }
 
 /// A built service, not yet listening.
@@ -61,12 +66,29 @@ pub struct Service {
     pub ledger: Arc<dyn TrustLedger>,
 }
 
-/// Opens an embedded store under `data_dir/name` with its reaper running.
+/// What the deciding parts are built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// The service: behaviour shards on threads of their own, windows journaled to disk.
+    Serve,
+    /// `vigia simulate`: one thread drives every check, so the shards run on it
+    /// ([`Behaviours::start_local`]); the state is thrown away after, so windows stay in memory.
+    Replay,
+}
+
+/// Opens an embedded store under `data_dir/name` with its reaper running (in memory only
+/// for a replay).
 fn open_embedded(
     config: &Config,
     name: &str,
     clock: &Arc<dyn Clock>,
+    purpose: Purpose,
 ) -> Result<Arc<EmbeddedStore>, StartError> {
+    if purpose == Purpose::Replay {
+        let store = EmbeddedStore::in_memory(clock.clone());
+        store.start_reaper();
+        return Ok(store);
+    }
     let dir = config.data_dir.join(name);
     let store = EmbeddedStore::open(&dir, clock.clone()).map_err(|source| StartError::Store {
         backend: "embedded",
@@ -136,6 +158,7 @@ pub async fn build_core(
     ruleset: &RuleSet,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
+    purpose: Purpose,
 ) -> Result<Core, StartError> {
     // The primary store, and the node's own store for scenes whose policy is `local`
     // (with the embedded backend the primary already is the node's own).
@@ -143,7 +166,7 @@ pub async fn build_core(
     let (store, local, embedded): (Arc<dyn WindowStore>, Option<Arc<dyn WindowStore>>, _) =
         match config.store.backend {
             StoreBackend::Embedded => {
-                let windows = open_embedded(config, "windows", &clock)?;
+                let windows = open_embedded(config, "windows", &clock, purpose)?;
                 (windows.clone(), None, vec![windows])
             }
             StoreBackend::Redis => {
@@ -164,7 +187,7 @@ pub async fn build_core(
                     None => redis,
                 };
                 redis_link = Some(redis.link());
-                let local = open_embedded(config, "local", &clock)?;
+                let local = open_embedded(config, "local", &clock, purpose)?;
                 (Arc::new(redis), Some(local.clone()), vec![local])
             }
             StoreBackend::RedisCluster => return Err(StartError::Backend("redis_cluster")),
@@ -172,7 +195,11 @@ pub async fn build_core(
     let events_dir = config.data_dir.join("events");
     let events_db = journal::open_db(&events_dir).map_err(|e| StartError::Events(e.into()))?;
     let ledger = open_ledger(config, redis_link, &events_db, clock.clone()).await?;
-    let behaviours = Behaviours::start(
+    let start = match purpose {
+        Purpose::Serve => Behaviours::start,
+        Purpose::Replay => Behaviours::start_local,
+    };
+    let behaviours = start(
         &config.behaviour,
         &config.data_dir.join("behaviour"),
         clock.clone(),
@@ -224,11 +251,18 @@ pub async fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Service, St
     })?;
     metrics.rule_reload("ok");
     metrics.rules_version(&ruleset.version);
-    let core = build_core(config, &ruleset, clock.clone(), metrics.clone()).await?;
+    let core = build_core(
+        config,
+        &ruleset,
+        clock.clone(),
+        metrics.clone(),
+        Purpose::Serve,
+    )
+    .await?;
     // The replayer applies whatever a store outage left pending.
     core.events.spawn_replayer();
     tracing::info!(version = %ruleset.version, scenes = ruleset.scenes.len(), "rules loaded");
-    let rules = Arc::new(RulesHandle::new(ruleset, clock));
+    let rules = Arc::new(RulesHandle::new(ruleset, clock.clone()));
     let last_rules_error = Arc::new(ArcSwapOption::empty());
     let sync = core.checker.clone();
     let reloader = Arc::new(Reloader::new(
@@ -251,6 +285,13 @@ pub async fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Service, St
             None
         }
     };
+    let recording = match &config.record {
+        Some(r) => Some(Recording::new(
+            Recorder::start(&r.path, r.max_bytes, metrics.clone())?,
+            clock.clone(),
+        )),
+        None => None,
+    };
     let state = web::Data::new(AppState {
         rules,
         checker: core.checker,
@@ -260,6 +301,7 @@ pub async fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Service, St
         rules_watcher,
         auth: config.auth.clone(),
         events: core.events,
+        recording,
     });
     Ok(Service {
         state,
@@ -353,6 +395,9 @@ pub async fn serve(config: &Config) -> Result<(), StartError> {
     // durable before exiting.
     if let Err(e) = running.behaviours.shutdown().await {
         tracing::error!(error = %e, "behaviour: snapshot at shutdown failed");
+    }
+    if let Some(recording) = &running.state.recording {
+        recording.flush();
     }
     if let Err(e) = running.state.events.flush() {
         tracing::error!(error = %e, "events journal: flush at shutdown failed");

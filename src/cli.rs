@@ -1,4 +1,5 @@
-//! The command line: `serve` (the default), `rules check DIR`, `keys sweep`.
+//! The command line: `serve` (the default), `rules check DIR`, `keys sweep`, `simulate`,
+//! `scenario`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -7,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
-use crate::{app, rules, sweep};
+use crate::{app, rules, simulate, sweep};
 
 /// vigia: rate limiting and risk scoring for marketing APIs.
 #[derive(Debug, Parser)]
@@ -34,6 +35,51 @@ pub enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Replay a traffic file against a rule set, offline, and report what it decides.
+    Simulate(SimulateArgs),
+    /// Write traffic for `simulate` from a scenario file (populations arriving over time).
+    Scenario(ScenarioArgs),
+}
+
+/// `vigia scenario`.
+#[derive(Debug, clap::Args)]
+pub struct ScenarioArgs {
+    /// The scenario (TOML): honest users, shared NATs, attacker cohorts.
+    pub file: PathBuf,
+    /// Write the traffic here instead of to standard output.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Use this seed instead of the file's.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// `vigia simulate`.
+#[derive(Debug, clap::Args)]
+pub struct SimulateArgs {
+    /// The rules folder to test.
+    #[arg(long, default_value = "rules")]
+    pub rules: PathBuf,
+    /// Traffic: one JSON line per check or event, in time order (`vigia scenario` or
+    /// `[record]` writes it).
+    pub traffic: PathBuf,
+    /// Grant this many units first come, first served to allowed checks, and report who
+    /// got them.
+    #[arg(long)]
+    pub stock: Option<u64>,
+    /// Write each check's decision here, one JSON line per check.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// How to print the report.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+/// Report formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -76,6 +122,8 @@ pub fn main() -> ExitCode {
                     batch,
                 },
         } => keys_sweep(&redis, prefix, dry_run, batch),
+        Command::Simulate(args) => simulate_cmd(&args),
+        Command::Scenario(args) => scenario_cmd(&args),
     }
 }
 
@@ -166,6 +214,154 @@ fn keys_sweep(url: &str, prefix: String, dry_run: bool, batch: usize) -> ExitCod
         }
         Err(e) => {
             eprintln!("vigia: keys sweep: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Progress on stderr: a bar on a terminal, otherwise a line every few seconds (a log
+/// file gets a record of a long replay without a line per redraw).
+struct ProgressOut {
+    bar: Option<indicatif::ProgressBar>,
+    started: std::time::Instant,
+    last_line: std::time::Instant,
+}
+
+impl ProgressOut {
+    fn new(total_bytes: u64) -> Self {
+        use std::io::IsTerminal;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(total_bytes);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{bar:40}] {percent:>3}% {msg} ({eta} left)",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+            );
+            bar
+        });
+        let now = std::time::Instant::now();
+        ProgressOut {
+            bar,
+            started: now,
+            last_line: now,
+        }
+    }
+
+    fn update(&mut self, p: simulate::Progress) {
+        let rate = p.checks as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+        match &self.bar {
+            Some(bar) => {
+                bar.set_length(p.total_bytes);
+                bar.set_position(p.bytes);
+                bar.set_message(format!("{} checks, {rate:.0}/s", p.checks));
+            }
+            None if self.last_line.elapsed() >= std::time::Duration::from_secs(5) => {
+                self.last_line = std::time::Instant::now();
+                eprintln!(
+                    "simulate: {:.0}% of the file, {} checks, {rate:.0} checks/s",
+                    p.bytes as f64 * 100.0 / p.total_bytes.max(1) as f64,
+                    p.checks
+                );
+            }
+            None => {}
+        }
+    }
+
+    fn finish(&self, checks: u64) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+        let secs = self.started.elapsed().as_secs_f64();
+        eprintln!(
+            "simulate: {checks} checks replayed in {secs:.1} s ({:.0} checks/s)",
+            checks as f64 / secs.max(1e-3)
+        );
+    }
+}
+
+fn simulate_cmd(args: &SimulateArgs) -> ExitCode {
+    init_logging_quiet();
+    let opts = simulate::Options {
+        rules_dir: args.rules.clone(),
+        traffic: args.traffic.clone(),
+        stock: args.stock,
+        out: args.out.clone(),
+    };
+    let mut progress = ProgressOut::new(0);
+    let result = actix_web::rt::System::new()
+        .block_on(async { simulate::run(&opts, &mut |p| progress.update(p)).await });
+    match result {
+        Ok(report) => {
+            progress.finish(report.checks);
+            let text = match args.format {
+                Format::Text => report.to_text(),
+                Format::Json => serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
+            };
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vigia simulate: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Tools print their own output; only warnings and errors from the library get through.
+fn init_logging_quiet() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn scenario_cmd(args: &ScenarioArgs) -> ExitCode {
+    use simulate::scenario::{self, Scenario};
+    let scenario = match Scenario::load(&args.file) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("vigia scenario: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let seed = args.seed.unwrap_or(scenario.seed);
+    let written = match &args.out {
+        Some(path) => std::fs::File::create(path)
+            .map(std::io::BufWriter::new)
+            .and_then(|mut out| {
+                let summary = scenario::write(&scenario, seed, &mut out)?;
+                out.flush()?;
+                Ok(summary)
+            })
+            .map_err(|e| format!("{}: {e}", path.display())),
+        None => {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            scenario::write(&scenario, seed, &mut out)
+                .and_then(|summary| out.flush().map(|()| summary))
+                .map_err(|e| format!("standard output: {e}"))
+        }
+    };
+    match written {
+        Ok(summary) => {
+            let labels: Vec<String> = summary
+                .by_label
+                .iter()
+                .map(|(label, n)| format!("{label} {n}"))
+                .collect();
+            eprintln!(
+                "vigia scenario: seed {seed}: {} checks ({}) and {} events",
+                summary.checks,
+                labels.join(", "),
+                summary.events
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vigia scenario: {e}");
             ExitCode::from(2)
         }
     }

@@ -116,6 +116,29 @@ impl Default for BehaviourConfig {
     }
 }
 
+/// `[record]`: keep every answered check (and accepted event) as a traffic line, so
+/// yesterday's campaign can be replayed with `vigia simulate` against tomorrow's rules.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordConfig {
+    /// The folder of `traffic-<date>.jsonl` files.
+    pub path: PathBuf,
+    /// Total size of those files; the oldest are removed past it.
+    #[serde(default = "RecordConfig::default_max_bytes")]
+    pub max_bytes: u64,
+}
+
+impl RecordConfig {
+    /// 1 GiB.
+    pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+    /// Less than this could not hold a day of even a quiet scene.
+    pub const MIN_MAX_BYTES: u64 = 1 << 20;
+
+    fn default_max_bytes() -> u64 {
+        Self::DEFAULT_MAX_BYTES
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -126,6 +149,8 @@ pub struct Config {
     pub store: StoreConfig,
     pub auth: AuthConfig,
     pub behaviour: BehaviourConfig,
+    /// Off unless the section is present.
+    pub record: Option<RecordConfig>,
 }
 
 impl Default for Config {
@@ -137,6 +162,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             auth: AuthConfig::default(),
             behaviour: BehaviourConfig::default(),
+            record: None,
         }
     }
 }
@@ -294,6 +320,21 @@ impl Config {
                 format!("{prefix:?} must be 1-64 characters of [A-Za-z0-9_]"),
             ));
         }
+        if let Some(r) = &self.record {
+            if r.path.as_os_str().is_empty() {
+                out.push(("record.path", "must name a folder".into()));
+            }
+            if r.max_bytes < RecordConfig::MIN_MAX_BYTES {
+                out.push((
+                    "record.max_bytes",
+                    format!(
+                        "{} is less than {} (1 MiB)",
+                        r.max_bytes,
+                        RecordConfig::MIN_MAX_BYTES
+                    ),
+                ));
+            }
+        }
         if self.store.backend != StoreBackend::Embedded && self.store.redis_url.trim().is_empty() {
             out.push((
                 "store.redis_url",
@@ -418,6 +459,27 @@ check_token = ""
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("c.toml:1: listen"), "{err}");
+    }
+
+    #[test]
+    fn record_is_off_unless_its_section_is_there_and_is_checked_when_it_is() {
+        assert_eq!(Config::from_toml("c.toml", "").unwrap().record, None);
+        let c = Config::from_toml("c.toml", "[record]\npath = \"data/traffic\"\n").unwrap();
+        assert_eq!(
+            c.record,
+            Some(RecordConfig {
+                path: "data/traffic".into(),
+                max_bytes: RecordConfig::DEFAULT_MAX_BYTES,
+            })
+        );
+        let err = Config::from_toml("c.toml", "[record]\npath = \"t\"\nmax_bytes = 10\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("c.toml:3: record.max_bytes"), "{err}");
+        let err = Config::from_toml("c.toml", "[record]\nmax_bytes = 2000000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("path"), "{err}");
     }
 
     #[test]

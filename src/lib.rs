@@ -12,6 +12,7 @@ pub mod clock;
 pub mod config;
 pub mod http;
 pub mod metrics;
+pub mod record;
 pub mod rules;
 pub mod simulate;
 pub mod store;

@@ -24,6 +24,7 @@ pub struct Metrics {
     trust_errors: IntCounterVec,
     breaker_open: IntGaugeVec,
     breaker_transitions: IntCounterVec,
+    record_lines: IntCounterVec,
 }
 
 /// Check latency buckets, seconds: sub-millisecond answers up to the store timeout and past.
@@ -94,6 +95,11 @@ impl Metrics {
             "Store circuit breaker transitions, by store and new state (open, closed).",
             &["store", "to"],
         );
+        let record_lines = counter(
+            "vigia_record_lines_total",
+            "Traffic lines handed to the recorder, by result (written, dropped_full, dropped_max_bytes, error).",
+            &["result"],
+        );
         let check_latency = HistogramVec::new(
             HistogramOpts::new("vigia_check_duration_seconds", "Check latency by scene.")
                 .buckets(LATENCY_BUCKETS.to_vec()),
@@ -148,6 +154,7 @@ impl Metrics {
             degraded,
             rule_reloads,
             rules_loaded,
+            record_lines,
         }
     }
 
@@ -222,6 +229,13 @@ impl Metrics {
                 .with_label_values(&[store, if open { "open" } else { "closed" }])
                 .inc();
         }
+    }
+
+    /// One traffic line handed to the recorder ended as `result`: `written` (in its file),
+    /// `dropped_full` (the recorder's queue was full), `dropped_max_bytes` (no room under
+    /// `max_bytes`) or `error` (lost to a file error, or to the writer thread being gone).
+    pub fn record_line(&self, result: &str) {
+        self.record_lines.with_label_values(&[result]).inc();
     }
 
     /// The Prometheus text exposition.

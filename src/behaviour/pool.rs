@@ -79,6 +79,8 @@ pub enum BehaviourError {
     },
     #[error("behaviour actors are shut down")]
     Stopped,
+    #[error("behaviour shards hosted locally need the caller to run inside an actix System")]
+    NoSystem,
 }
 
 /// The behaviour actors: record a check's relations, answer its behaviour signals.
@@ -170,6 +172,10 @@ impl std::fmt::Debug for Behaviours {
             .field("stopped", &self.inner.stopped.load(Ordering::Relaxed))
             .finish()
     }
+}
+
+fn mailbox_of(cfg: &BehaviourConfig) -> usize {
+    cfg.mailbox.clamp(1, Semaphore::MAX_PERMITS)
 }
 
 /// `hash % shards`, the one routing rule (restore and observe must agree).
@@ -282,62 +288,10 @@ impl Behaviours {
         clock: Arc<dyn Clock>,
         metrics: Metrics,
     ) -> Result<Behaviours, BehaviourError> {
-        let path = dir.to_path_buf();
         let shards = cfg.shards.max(1);
         // A thread beyond one per shard would host nothing.
         let threads = cfg.threads.clamp(1, 3 * shards);
-        let cap = cfg.max_entities.div_ceil(shards).max(1);
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(SLED_CACHE_BYTES)
-            .open()
-            .map_err(|source| BehaviourError::Open {
-                path: path.clone(),
-                source,
-            })?;
-        let open = |name: &'static str| {
-            db.open_tree(name).map_err(|source| BehaviourError::Open {
-                path: path.clone(),
-                source,
-            })
-        };
-        let trees = (
-            open(DeviceState::DIMENSION)?,
-            open(UserState::DIMENSION)?,
-            open(IpState::DIMENSION)?,
-        );
-        let mailbox = cfg.mailbox.clamp(1, Semaphore::MAX_PERMITS);
-        let settings = Settings {
-            clock: clock.clone(),
-            mailbox,
-            snapshot_every: Duration::from_millis(cfg.snapshot_every_ms.max(1)),
-        };
-        let mut plan: Vec<ThreadShards> = (0..threads).map(|_| ThreadShards::default()).collect();
-        let mut next = 0usize;
-        let mut thread_of = || {
-            let t = next % threads;
-            next += 1;
-            t
-        };
-        let restored = restore::<DeviceState>(&trees.0, &path, shards, cap, &metrics)?;
-        for (i, state) in restored.into_iter().enumerate() {
-            plan[thread_of()]
-                .devices
-                .push((i, settings.shard(state, &trees.0)));
-        }
-        let restored = restore::<UserState>(&trees.1, &path, shards, cap, &metrics)?;
-        for (i, state) in restored.into_iter().enumerate() {
-            plan[thread_of()]
-                .users
-                .push((i, settings.shard(state, &trees.1)));
-        }
-        let restored = restore::<IpState>(&trees.2, &path, shards, cap, &metrics)?;
-        for (i, state) in restored.into_iter().enumerate() {
-            plan[thread_of()]
-                .ips
-                .push((i, settings.shard(state, &trees.2)));
-        }
-
+        let (plan, db) = Self::plan(cfg, dir, threads, &clock, &metrics)?;
         let mut running: Vec<ShardThread> = Vec::with_capacity(threads);
         let mut devices: Vec<Option<Addr<Shard<DeviceState>>>> = vec![None; shards];
         let mut users: Vec<Option<Addr<Shard<UserState>>>> = vec![None; shards];
@@ -362,21 +316,147 @@ impl Behaviours {
             ShardThread::stop_all(&running);
             return Err(BehaviourError::ThreadStart(threads));
         };
-        Ok(Behaviours {
+        Ok(Self::assemble(
+            cfg,
+            dir,
+            clock,
+            metrics,
+            db,
+            (devices, users, ips),
+            running,
+        ))
+    }
+
+    /// The same shards, restored the same way, hosted on the calling thread's actix System
+    /// instead of threads of their own. For a single-threaded caller that drives every
+    /// check itself (`vigia simulate`): a round trip is then a hand-off on one thread, not
+    /// a wake-up across threads. The shards run only while the caller's System does.
+    pub fn start_local(
+        cfg: &BehaviourConfig,
+        dir: &Path,
+        clock: Arc<dyn Clock>,
+        metrics: Metrics,
+    ) -> Result<Behaviours, BehaviourError> {
+        if System::try_current().is_none() {
+            return Err(BehaviourError::NoSystem);
+        }
+        let (plan, db) = Self::plan(cfg, dir, 1, &clock, &metrics)?;
+        let shards = cfg.shards.max(1);
+        let mut devices = vec![None; shards];
+        let mut users = vec![None; shards];
+        let mut ips = vec![None; shards];
+        for hosted in plan {
+            place(&mut devices, start_all(hosted.devices));
+            place(&mut users, start_all(hosted.users));
+            place(&mut ips, start_all(hosted.ips));
+        }
+        let (Some(devices), Some(users), Some(ips)) = (all(devices), all(users), all(ips)) else {
+            return Err(BehaviourError::ThreadStart(0));
+        };
+        Ok(Self::assemble(
+            cfg,
+            dir,
+            clock,
+            metrics,
+            db,
+            (devices, users, ips),
+            Vec::new(),
+        ))
+    }
+
+    /// Opens the db and restores every shard's state, spread over `threads` hosts.
+    fn plan(
+        cfg: &BehaviourConfig,
+        dir: &Path,
+        threads: usize,
+        clock: &Arc<dyn Clock>,
+        metrics: &Metrics,
+    ) -> Result<(Vec<ThreadShards>, sled::Db), BehaviourError> {
+        let path = dir.to_path_buf();
+        let shards = cfg.shards.max(1);
+        let cap = cfg.max_entities.div_ceil(shards).max(1);
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(SLED_CACHE_BYTES)
+            .open()
+            .map_err(|source| BehaviourError::Open {
+                path: path.clone(),
+                source,
+            })?;
+        let open = |name: &'static str| {
+            db.open_tree(name).map_err(|source| BehaviourError::Open {
+                path: path.clone(),
+                source,
+            })
+        };
+        let trees = (
+            open(DeviceState::DIMENSION)?,
+            open(UserState::DIMENSION)?,
+            open(IpState::DIMENSION)?,
+        );
+        let settings = Settings {
+            clock: clock.clone(),
+            mailbox: mailbox_of(cfg),
+            snapshot_every: Duration::from_millis(cfg.snapshot_every_ms.max(1)),
+        };
+        let mut plan: Vec<ThreadShards> = (0..threads).map(|_| ThreadShards::default()).collect();
+        let mut next = 0usize;
+        let mut thread_of = || {
+            let t = next % threads;
+            next += 1;
+            t
+        };
+        let restored = restore::<DeviceState>(&trees.0, &path, shards, cap, metrics)?;
+        for (i, state) in restored.into_iter().enumerate() {
+            plan[thread_of()]
+                .devices
+                .push((i, settings.shard(state, &trees.0)));
+        }
+        let restored = restore::<UserState>(&trees.1, &path, shards, cap, metrics)?;
+        for (i, state) in restored.into_iter().enumerate() {
+            plan[thread_of()]
+                .users
+                .push((i, settings.shard(state, &trees.1)));
+        }
+        let restored = restore::<IpState>(&trees.2, &path, shards, cap, metrics)?;
+        for (i, state) in restored.into_iter().enumerate() {
+            plan[thread_of()]
+                .ips
+                .push((i, settings.shard(state, &trees.2)));
+        }
+        Ok((plan, db))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn assemble(
+        cfg: &BehaviourConfig,
+        dir: &Path,
+        clock: Arc<dyn Clock>,
+        metrics: Metrics,
+        db: sled::Db,
+        (devices, users, ips): (
+            Vec<Addr<Shard<DeviceState>>>,
+            Vec<Addr<Shard<UserState>>>,
+            Vec<Addr<Shard<IpState>>>,
+        ),
+        threads: Vec<ShardThread>,
+    ) -> Behaviours {
+        let mailbox = mailbox_of(cfg);
+        Behaviours {
             inner: Arc::new(Inner {
                 devices: handles(devices, mailbox),
                 users: handles(users, mailbox),
                 ips: handles(ips, mailbox),
                 db: Mutex::new(Some(db)),
-                path,
+                path: dir.to_path_buf(),
                 clock,
                 metrics,
                 deadline: Duration::from_millis(cfg.deadline_ms),
                 mailbox,
                 stopped: AtomicBool::new(false),
-                threads: Mutex::new(running),
+                threads: Mutex::new(threads),
             }),
-        })
+        }
     }
 
     /// Records the observation in the shards it concerns (unless `dry_run`) and answers

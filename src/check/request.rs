@@ -39,6 +39,17 @@ impl RequestError {
         }
     }
 
+    /// The API's error code (`invalid_json`, `unknown_scene`, `missing_dimension`,
+    /// `invalid_field`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            RequestError::InvalidJson(_) => "invalid_json",
+            RequestError::UnknownScene(_) => "unknown_scene",
+            RequestError::MissingDimension { .. } => "missing_dimension",
+            RequestError::InvalidField { .. } => "invalid_field",
+        }
+    }
+
     /// The field the error is about, if any.
     pub fn field(&self) -> Option<&str> {
         match self {

@@ -76,6 +76,9 @@ pub async fn check(
     super::auth::require_check(&req, &state.auth.check_token)?;
     let rules = state.rules.current();
     let resp = state.checker.check(&rules, &body).await?;
+    if let Some(recording) = &state.recording {
+        recording.check(&body, &resp);
+    }
     Ok(respond(&resp))
 }
 

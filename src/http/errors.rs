@@ -66,7 +66,7 @@ impl ApiError {
     fn code(&self) -> &'static str {
         match self {
             ApiError::Request(e) | ApiError::Events(EventsError::Invalid { source: e, .. }) => {
-                request_code(e)
+                e.code()
             }
             ApiError::Events(EventsError::Journal(_)) => "journal_unavailable",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
@@ -128,15 +128,6 @@ impl ResponseError for ApiError {
                 line: self.first_rule_error().map(|e| e.line),
             },
         })
-    }
-}
-
-fn request_code(e: &RequestError) -> &'static str {
-    match e {
-        RequestError::InvalidJson(_) => "invalid_json",
-        RequestError::UnknownScene(_) => "unknown_scene",
-        RequestError::MissingDimension { .. } => "missing_dimension",
-        RequestError::InvalidField { .. } => "invalid_field",
     }
 }
 

@@ -4,7 +4,6 @@
 //! free trust points, a forged rollback is free quota.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -12,6 +11,7 @@ use super::errors::ApiError;
 use super::AppState;
 use crate::check::request::MAX_ID_LEN;
 use crate::check::RequestError;
+use crate::clock::rfc3339;
 use crate::trust::{Award, IngestReport, TrustView};
 
 /// The largest body `/v1/events` reads: a full batch of 1000 rollbacks carrying their
@@ -67,14 +67,6 @@ pub struct TrustAnswer {
     pub pending_events: usize,
 }
 
-fn rfc3339(ms: u64) -> String {
-    i64::try_from(ms)
-        .ok()
-        .and_then(DateTime::<Utc>::from_timestamp_millis)
-        .unwrap_or_default()
-        .to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
 impl From<TrustView> for TrustAnswer {
     fn from(v: TrustView) -> Self {
         TrustAnswer {
@@ -117,6 +109,9 @@ pub async fn ingest(
     super::auth::require_admin(&req, &state.auth.admin_token)?;
     let rules = state.rules.current();
     let report = state.events.ingest(&rules, &body).await?;
+    if let Some(recording) = &state.recording {
+        recording.events(&body);
+    }
     Ok(HttpResponse::Accepted().json(report))
 }
 

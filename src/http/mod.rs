@@ -9,6 +9,7 @@ pub mod check;
 pub mod errors;
 pub mod events;
 pub mod ops;
+pub mod recording;
 
 use std::sync::Arc;
 
@@ -39,6 +40,8 @@ pub struct AppState {
     pub auth: AuthConfig,
     /// Trust events: journal, ledger, replayer.
     pub events: Arc<Events>,
+    /// `[record]`: answered checks and accepted events as traffic lines.
+    pub recording: Option<recording::Recording>,
 }
 
 /// Every route: (method, path). `/openapi.json` documents exactly these (tested).

@@ -150,7 +150,9 @@ pub fn parse_line(text: &str, line: usize) -> Result<Line, TrafficError> {
         }
         (None, Some(event)) => {
             if !event.is_object() {
-                return Err(err("event: must be a JSON object (one /v1/events event)".into()));
+                return Err(err(
+                    "event: must be a JSON object (one /v1/events event)".into()
+                ));
             }
             if raw.label.is_some() || raw.decision.is_some() {
                 return Err(err("an event line has no label or decision".into()));
@@ -286,12 +288,27 @@ mod tests {
         let cases = [
             ("not json", "not a traffic line"),
             (r#"{"check":{"scene":"s"}}"#, "missing field `at`"),
-            (r#"{"at":"yesterday","check":{}}"#, "at: \"yesterday\" is not RFC 3339"),
+            (
+                r#"{"at":"yesterday","check":{}}"#,
+                "at: \"yesterday\" is not RFC 3339",
+            ),
             (r#"{"at":"2026-12-24T10:00:00Z"}"#, "needs check or event"),
-            (r#"{"at":"2026-12-24T10:00:00Z","check":{},"event":{}}"#, "not both"),
-            (r#"{"at":"2026-12-24T10:00:00Z","check":[1]}"#, "check: must be a JSON object"),
-            (r#"{"at":"2026-12-24T10:00:00Z","lable":"x","check":{}}"#, "unknown field `lable`"),
-            (r#"{"at":"2026-12-24T10:00:00Z","label":"x","event":{}}"#, "no label"),
+            (
+                r#"{"at":"2026-12-24T10:00:00Z","check":{},"event":{}}"#,
+                "not both",
+            ),
+            (
+                r#"{"at":"2026-12-24T10:00:00Z","check":[1]}"#,
+                "check: must be a JSON object",
+            ),
+            (
+                r#"{"at":"2026-12-24T10:00:00Z","lable":"x","check":{}}"#,
+                "unknown field `lable`",
+            ),
+            (
+                r#"{"at":"2026-12-24T10:00:00Z","label":"x","event":{}}"#,
+                "no label",
+            ),
         ];
         for (text, want) in cases {
             let input = format!("{{\"at\":\"2026-12-24T09:00:00Z\",\"check\":{{}}}}\n{text}\n");

@@ -12,6 +12,7 @@ mod http_errors;
 mod ops;
 mod reload;
 mod scoring;
+mod simulate;
 mod store_embedded;
 mod store_redis;
 mod store_suite;

@@ -21,6 +21,10 @@
 //! the old one: memory and disk follow the live windows, not history.
 //!
 //! Time: the injected [`Clock`] (the process clock in production; a manual one in tests).
+//!
+//! [`EmbeddedStore::in_memory`] is the same store without the journal: the same locks,
+//! algorithms and answers, nothing on disk. `vigia simulate` counts in one — its state is
+//! thrown away after the replay, and a journal write per check would be most of its cost.
 
 mod entry;
 mod journal;
@@ -84,22 +88,32 @@ pub struct KeyInfo {
 pub struct EmbeddedStore {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
-    root: PathBuf,
-    /// Read under shard locks; swapped while every shard is locked.
-    current: ArcSwap<Generation>,
-    /// One compaction at a time.
-    compacting: Mutex<()>,
+    /// The journal; `None` for a store kept in memory only.
+    durable: Option<Durable>,
     clock: Arc<dyn Clock>,
     /// Dropping it stops the reaper thread.
     reaper_stop: Mutex<Option<mpsc::Sender<()>>>,
 }
 
+/// Where a durable store journals.
+struct Durable {
+    root: PathBuf,
+    /// Read under shard locks; swapped while every shard is locked.
+    current: ArcSwap<Generation>,
+    /// One compaction at a time.
+    compacting: Mutex<()>,
+}
+
 impl std::fmt::Debug for EmbeddedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmbeddedStore")
-            .field("root", &self.root)
-            .field("generation", &self.current.load().number)
-            .finish()
+        let mut d = f.debug_struct("EmbeddedStore");
+        match &self.durable {
+            Some(durable) => d
+                .field("root", &durable.root)
+                .field("generation", &durable.current.load().number),
+            None => d.field("root", &"(in memory)"),
+        };
+        d.finish()
     }
 }
 
@@ -134,11 +148,13 @@ impl Locked<'_> {
         if ops.is_empty() {
             return Ok(());
         }
-        self.store
-            .current
-            .load()
-            .append(&ops::encode(now, &ops))
-            .map_err(sled_err)?;
+        if let Some(durable) = &self.store.durable {
+            durable
+                .current
+                .load()
+                .append(&ops::encode(now, &ops))
+                .map_err(sled_err)?;
+        }
         for op in ops {
             let shard = self.shard(op.key());
             ops::apply(shard, now, op);
@@ -181,22 +197,38 @@ impl EmbeddedStore {
         let store = EmbeddedStore {
             shards: shards.into_iter().map(Mutex::new).collect(),
             hasher,
-            root: dir.to_path_buf(),
-            current: ArcSwap::from_pointee(generation),
-            compacting: Mutex::new(()),
+            durable: Some(Durable {
+                root: dir.to_path_buf(),
+                current: ArcSwap::from_pointee(generation),
+                compacting: Mutex::new(()),
+            }),
             clock,
             reaper_stop: Mutex::new(None),
         };
         let snapshot = store.snapshot_records(&store.shards.iter().map(lock).collect::<Vec<_>>());
-        store
-            .current
-            .load()
-            .complete(snapshot)
-            .map_err(|e| unavailable(e.to_string()))?;
+        if let Some(durable) = &store.durable {
+            durable
+                .current
+                .load()
+                .complete(snapshot)
+                .map_err(|e| unavailable(e.to_string()))?;
+        }
         for old in recovered.old {
             remove_generation(&old);
         }
         Ok(Arc::new(store))
+    }
+
+    /// An empty store that keeps nothing on disk: same answers, no journal, nothing
+    /// survives the process. For state that is thrown away anyway (`vigia simulate`).
+    pub fn in_memory(clock: Arc<dyn Clock>) -> Arc<EmbeddedStore> {
+        Arc::new(EmbeddedStore {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            durable: None,
+            clock,
+            reaper_stop: Mutex::new(None),
+        })
     }
 
     /// Starts the background reaper (every [`REAP_EVERY`]; it also compacts when due). It
@@ -268,16 +300,19 @@ impl EmbeddedStore {
     /// Checks wait only while the live entries are copied (every shard is locked for
     /// that); the snapshot is written after they resume.
     pub fn compact(&self) -> Result<(), StoreError> {
-        let _one = lock(&self.compacting);
-        let old = self.current.load_full();
+        let Some(durable) = &self.durable else {
+            return Ok(());
+        };
+        let _one = lock(&durable.compacting);
+        let old = durable.current.load_full();
         let next = Arc::new(
-            Generation::create(&self.root, old.number + 1, FLUSH_EVERY_MS).map_err(sled_err)?,
+            Generation::create(&durable.root, old.number + 1, FLUSH_EVERY_MS).map_err(sled_err)?,
         );
         let snapshot = {
             let guards: Vec<_> = self.shards.iter().map(lock).collect();
             let snapshot = self.snapshot_records(&guards);
             // From here on every change goes to the new generation's journal.
-            self.current.store(next.clone());
+            durable.current.store(next.clone());
             snapshot
         };
         next.complete(snapshot).map_err(sled_err)?;
@@ -309,7 +344,10 @@ impl EmbeddedStore {
 
     /// Writes everything to disk (clean shutdown).
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.current.load().flush().map_err(sled_err)
+        match &self.durable {
+            Some(durable) => durable.current.load().flush().map_err(sled_err),
+            None => Ok(()),
+        }
     }
 
     /// One live key as it stands: members held (1 for non-sliding keys) and ms to expiry.
@@ -351,8 +389,14 @@ impl EmbeddedStore {
         EmbeddedStats {
             keys,
             weight,
-            journal_records: self.current.load().appended.load(Ordering::Relaxed),
-            disk_bytes: journal::disk_bytes(&self.root),
+            journal_records: self
+                .durable
+                .as_ref()
+                .map_or(0, |d| d.current.load().appended.load(Ordering::Relaxed)),
+            disk_bytes: self
+                .durable
+                .as_ref()
+                .map_or(0, |d| journal::disk_bytes(&d.root)),
         }
     }
 
@@ -484,7 +528,7 @@ impl EmbeddedStore {
 impl Drop for EmbeddedStore {
     fn drop(&mut self) {
         // A clean drop loses nothing, whoever forgot to flush.
-        let _ = self.current.load().flush();
+        let _ = self.flush();
     }
 }
 
@@ -626,7 +670,10 @@ impl WindowStore for EmbeddedStore {
     async fn sync(&self) -> Result<(), StoreError> {
         // An fsync takes milliseconds: off the async workers. The generation is the one
         // current now; a compaction swapping it meanwhile flushes its successor itself.
-        let generation = self.current.load_full();
+        let Some(durable) = &self.durable else {
+            return Ok(());
+        };
+        let generation = durable.current.load_full();
         tokio::task::spawn_blocking(move || generation.flush())
             .await
             .map_err(|e| StoreError::Unavailable(format!("embedded store: flush task: {e}")))?

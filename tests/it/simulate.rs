@@ -1,0 +1,564 @@
+//! `vigia simulate`: the replay decides as the live service does, crosses windows without
+//! sleeping, refuses malformed traffic by line number, and is deterministic.
+//!
+//! The oracle is the service itself: the same fixture traffic is sent to a live vigia
+//! (on a manual clock set to each line's time, over HTTP) on both stores, and every
+//! decision must match the replay's.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use vigia::clock::ManualClock;
+use vigia::config::StoreBackend;
+use vigia::simulate::traffic::{Line, Reader};
+
+use crate::common::app::{spawn_app_on_clock, TestApp};
+use crate::common::redis_server::RedisServer;
+
+const DAY_MS: i64 = 86_400_000;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/simulate")
+}
+
+fn rule_files(dir: &Path) -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> = std::fs::read_dir(dir)
+        .expect("rules folder")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(&p).expect("rule file"))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn read_traffic(path: &Path) -> Vec<(usize, Line)> {
+    let file = std::fs::File::open(path).expect("traffic file");
+    Reader::new(std::io::BufReader::new(file))
+        .map(|l| l.expect("valid line"))
+        .collect()
+}
+
+/// What must agree between a live answer and a replayed one. Request ids differ (the
+/// service makes random ones), so only whether an answer names a first request counts.
+fn essence(decision: &Value) -> Value {
+    json!({
+        "decision": decision["decision"],
+        "reason": decision["reason"],
+        "layer": decision["layer"],
+        "score": decision["score"],
+        "degraded": decision["degraded"],
+        "duplicate": !decision["duplicate_of"].is_null(),
+        "limits": decision["limits"].as_array().map(|ls| ls.iter().map(|l| json!([l["name"], l["count"], l["max"], l["exceeded"]])).collect::<Vec<_>>()),
+        "signals": decision["signals"].as_array().map(|ss| ss.iter().map(|s| json!([s["name"], s["value"], s["contribution"]])).collect::<Vec<_>>()),
+        "trust": decision["trust"],
+    })
+}
+
+/// Replays `traffic` in-process; returns the `--out` lines by traffic line number.
+async fn simulate(
+    rules: &Path,
+    traffic: &Path,
+    stock: Option<u64>,
+) -> (vigia::simulate::Report, Vec<Value>) {
+    let out = tempfile::NamedTempFile::new().expect("out file");
+    let opts = vigia::simulate::Options {
+        rules_dir: rules.to_path_buf(),
+        traffic: traffic.to_path_buf(),
+        stock,
+        out: Some(out.path().to_path_buf()),
+    };
+    let report = vigia::simulate::run(&opts, &mut |_| {})
+        .await
+        .unwrap_or_else(|e| panic!("simulate: {e}"));
+    let lines = std::fs::read_to_string(out.path())
+        .expect("out")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("out line is JSON"))
+        .collect();
+    (report, lines)
+}
+
+/// Moves a time string by whole days (window alignment is kept: every window here
+/// divides a day).
+fn shift(text: &str, days: i64) -> String {
+    let t = chrono::DateTime::parse_from_rfc3339(text).expect("RFC 3339");
+    (t + chrono::Duration::milliseconds(days * DAY_MS))
+        .with_timezone(&chrono::Utc)
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn shift_fields(v: &mut Value, days: i64, fields: &[&str]) {
+    if days == 0 {
+        return;
+    }
+    for f in fields {
+        if let Some(Value::String(s)) = v.get(*f) {
+            let moved = shift(s, days);
+            v[*f] = Value::String(moved);
+        }
+    }
+}
+
+/// Sends every line to a live service, the clock set to the line's time moved by
+/// `days`; returns each check's answer (decision body, or the error body) by line.
+async fn live(
+    app: &TestApp,
+    clock: &ManualClock,
+    traffic: &[(usize, Line)],
+    days: i64,
+) -> Vec<(usize, Value)> {
+    let mut answers = Vec::new();
+    for (line, l) in traffic {
+        clock.set((l.at_ms() as i64 + days * DAY_MS) as u64);
+        match l {
+            Line::Event { event, .. } => {
+                let mut event = event.clone();
+                shift_fields(&mut event, days, &["occurred_at"]);
+                let resp = app.post("/v1/events", &event).await;
+                assert_eq!(resp.status().as_u16(), 202, "line {line}: event accepted");
+            }
+            Line::Check { check, .. } => {
+                let mut check = check.clone();
+                shift_fields(&mut check, days, &["user_created_at"]);
+                let (_, body) = app.check(check).await;
+                answers.push((*line, body));
+            }
+        }
+    }
+    answers
+}
+
+fn assert_same(live: &[(usize, Value)], replayed: &[Value], store: &str) {
+    assert_eq!(live.len(), replayed.len(), "{store}: one answer per check");
+    for ((line, live), sim) in live.iter().zip(replayed) {
+        assert_eq!(sim["line"].as_u64(), Some(*line as u64));
+        match (live.get("error"), sim.get("error")) {
+            (Some(live_err), Some(sim_err)) => {
+                assert_eq!(live_err["code"], sim_err["code"], "{store}: line {line}");
+            }
+            (None, None) => assert_eq!(
+                essence(live),
+                essence(&sim["decision"]),
+                "{store}: line {line} decided differently live and replayed"
+            ),
+            _ => panic!("{store}: line {line}: live {live} vs replayed {sim}"),
+        }
+    }
+}
+
+async fn live_app(backend: StoreBackend, clock: &ManualClock) -> TestApp {
+    let files = rule_files(&fixtures().join("rules"));
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.as_str()))
+        .collect();
+    spawn_app_on_clock(
+        RedisServer::start(),
+        &files,
+        |c| c.store.backend = backend,
+        Arc::new(clock.clone()),
+    )
+    .await
+}
+
+#[actix_web::test]
+async fn the_replay_decides_every_check_as_the_live_embedded_service_does() {
+    let traffic = read_traffic(&fixtures().join("traffic.jsonl"));
+    let (report, replayed) = simulate(
+        &fixtures().join("rules"),
+        &fixtures().join("traffic.jsonl"),
+        None,
+    )
+    .await;
+    let clock = ManualClock::new(traffic[0].1.at_ms());
+    let app = live_app(StoreBackend::Embedded, &clock).await;
+    let answers = live(&app, &clock, &traffic, 0).await;
+    assert_same(&answers, &replayed, "embedded");
+    // The fixture reaches every kind of answer, so agreeing means something.
+    let reasons: Vec<String> = report
+        .reasons
+        .iter()
+        .map(|r| format!("{} {}", r.decision, r.reason))
+        .collect();
+    for want in [
+        "friendly_deny user_10s",
+        "friendly_deny user_1d",
+        "friendly_deny ip_1m",
+        "friendly_deny gateway_rate",
+        "friendly_deny user_entries",
+        "silent_deny score",
+        "silent_deny invalid_device_id",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r == want),
+            "fixture reaches {want}: {reasons:?}"
+        );
+    }
+    assert_eq!(report.events, 1);
+    assert_eq!(report.rejected.len(), 1);
+}
+
+#[actix_web::test]
+async fn the_replay_decides_every_check_as_the_live_redis_service_does() {
+    let traffic = read_traffic(&fixtures().join("traffic.jsonl"));
+    let (_, replayed) = simulate(
+        &fixtures().join("rules"),
+        &fixtures().join("traffic.jsonl"),
+        None,
+    )
+    .await;
+    // Redis expires keys on its own clock: run the live side near today, whole days
+    // away from the fixture's dates.
+    let now = chrono::Utc::now().timestamp_millis();
+    let days = (now - traffic[0].1.at_ms() as i64).div_euclid(DAY_MS);
+    let clock = ManualClock::new((traffic[0].1.at_ms() as i64 + days * DAY_MS) as u64);
+    let app = live_app(StoreBackend::Redis, &clock).await;
+    let answers = live(&app, &clock, &traffic, days).await;
+    assert_same(&answers, &replayed, "redis");
+}
+
+fn decision_at<'a>(out: &'a [Value], at: &str) -> &'a Value {
+    let line = out
+        .iter()
+        .find(|l| l["at"] == at)
+        .unwrap_or_else(|| panic!("a check at {at}"));
+    &line["decision"]
+}
+
+#[actix_web::test]
+async fn a_day_long_window_and_a_token_bucket_are_crossed_by_simulated_time() {
+    let started = std::time::Instant::now();
+    let (_, out) = simulate(
+        &fixtures().join("rules"),
+        &fixtures().join("traffic.jsonl"),
+        None,
+    )
+    .await;
+    // dave claimed at 10:01:00 on the 24th, then at 11:00, 12:00 (13:00 was his fourth:
+    // denied). One millisecond before the first claim leaves the day it still counts.
+    let before = decision_at(&out, "2026-12-25T10:00:59.999Z");
+    assert_eq!(
+        (before["decision"].as_str(), before["reason"].as_str()),
+        (Some("friendly_deny"), Some("user_1d"))
+    );
+    let edge = decision_at(&out, "2026-12-25T10:01:00.000Z");
+    assert_eq!(
+        edge["decision"], "allow",
+        "the first claim left the window at 24 h exactly"
+    );
+    // erin's token bucket (2 per hour): two, a deny, one token back after half an hour.
+    let bucket: Vec<&str> = [
+        "19:00:00.000",
+        "19:00:01.000",
+        "19:00:02.000",
+        "19:30:02.000",
+    ]
+    .iter()
+    .map(|t| {
+        decision_at(&out, &format!("2026-12-24T{t}Z"))["decision"]
+            .as_str()
+            .unwrap()
+    })
+    .collect();
+    assert_eq!(bucket, ["allow", "allow", "friendly_deny", "allow"]);
+    // A day and a half of traffic; a replay that slept would take that long.
+    assert!(started.elapsed() < std::time::Duration::from_secs(600));
+}
+
+#[actix_web::test]
+async fn the_same_traffic_and_rules_give_the_same_report_and_decisions() {
+    let rules = fixtures().join("rules");
+    let traffic = fixtures().join("traffic.jsonl");
+    let (one, out_one) = simulate(&rules, &traffic, Some(5)).await;
+    let (two, out_two) = simulate(&rules, &traffic, Some(5)).await;
+    assert_eq!(one, two);
+    assert_eq!(
+        out_one, out_two,
+        "request ids made by the replay are reproducible too"
+    );
+    let stock = one.stock.expect("a stock report");
+    assert_eq!(stock.granted, 5);
+    assert_eq!(stock.by_label.values().sum::<u64>(), 5);
+}
+
+/// Runs the binary; returns (exit code, stdout, stderr).
+fn vigia(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_vigia"))
+        .args(args)
+        .output()
+        .expect("vigia runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn malformed_traffic_is_an_error_naming_the_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = fixtures().join("rules");
+    let ok = r#"{"at":"2026-12-24T10:00:00Z","label":"x","check":{"scene":"promo","user_id":"u","device_id":"device-01","ip":"192.0.2.1"}}"#;
+    let cases = [
+        (
+            "not_json.jsonl",
+            format!("{ok}\n{ok}\n{{\"at\": oops}}\n"),
+            "line 3: not a traffic line",
+        ),
+        (
+            "backwards.jsonl",
+            format!("{ok}\n{}\n", ok.replace("10:00:00Z", "09:59:59Z")),
+            "line 2: at 2026-12-24T09:59:59.000Z is before line 1's 2026-12-24T10:00:00.000Z",
+        ),
+        (
+            "bad_event.jsonl",
+            format!(
+                "{ok}\n{}\n",
+                r#"{"at":"2026-12-24T10:00:01Z","event":{"event_id":"e","type":"payment_succeeded","occurred_at":"2026-12-24T10:00:00Z"}}"#
+            ),
+            "line 2: event: user_id",
+        ),
+        (
+            "no_time.jsonl",
+            r#"{"label":"x","check":{}}"#.to_string() + "\n",
+            "line 1: not a traffic line: missing field `at`",
+        ),
+    ];
+    for (name, text, want) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let (code, stdout, stderr) = vigia(&[
+            "simulate",
+            "--rules",
+            rules.to_str().unwrap(),
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 2, "{name}: exit 2\n{stderr}");
+        assert!(stdout.is_empty(), "{name}: no report on an error: {stdout}");
+        assert!(
+            stderr.contains(&format!("{name}: {want}")),
+            "{name}: {stderr}"
+        );
+    }
+    let (code, _, stderr) = vigia(&[
+        "simulate",
+        "--rules",
+        rules.to_str().unwrap(),
+        "/nonexistent/traffic.jsonl",
+    ]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("/nonexistent/traffic.jsonl"), "{stderr}");
+    let bad_rules = dir.path().join("rules");
+    std::fs::create_dir(&bad_rules).unwrap();
+    std::fs::write(
+        bad_rules.join("x.toml"),
+        "[scene.s]\non_store_error = \"maybe\"\n",
+    )
+    .unwrap();
+    let path = dir.path().join("ok.jsonl");
+    std::fs::write(&path, format!("{ok}\n")).unwrap();
+    let (code, _, stderr) = vigia(&[
+        "simulate",
+        "--rules",
+        bad_rules.to_str().unwrap(),
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("x.toml:2:"),
+        "rule errors name file and line: {stderr}"
+    );
+}
+
+#[test]
+fn the_cli_prints_a_json_report_with_the_stock_and_writes_decisions() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("decisions.jsonl");
+    let (code, stdout, stderr) = vigia(&[
+        "simulate",
+        "--rules",
+        fixtures().join("rules").to_str().unwrap(),
+        fixtures().join("traffic.jsonl").to_str().unwrap(),
+        "--stock",
+        "3",
+        "--format",
+        "json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).expect("the report is JSON");
+    assert_eq!(report["checks"], 45);
+    assert_eq!(report["stock"]["granted"], 3);
+    assert_eq!(
+        report["labels"]["honest"]["units"], 3,
+        "the first three allowed are honest"
+    );
+    assert!(stderr.contains("45 checks replayed"), "{stderr}");
+    let decisions = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(decisions.lines().count(), 45);
+    let granted = decisions
+        .lines()
+        .filter(|l| l.contains("\"granted\":true"))
+        .count();
+    assert_eq!(granted, 3);
+}
+
+#[actix_web::test]
+async fn recorded_traffic_replays_to_the_decisions_the_service_gave() {
+    let traffic = read_traffic(&fixtures().join("traffic.jsonl"));
+    let clock = ManualClock::new(traffic[0].1.at_ms());
+    let record_dir = tempfile::tempdir().unwrap();
+    let files = rule_files(&fixtures().join("rules"));
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.as_str()))
+        .collect();
+    let path = record_dir.path().join("traffic");
+    let app = spawn_app_on_clock(
+        RedisServer::start(),
+        &files,
+        |c| {
+            c.store.backend = StoreBackend::Embedded;
+            c.record = Some(vigia::config::RecordConfig {
+                path: path.clone(),
+                max_bytes: 1 << 30,
+            });
+        },
+        Arc::new(clock.clone()),
+    )
+    .await;
+    let answers = live(&app, &clock, &traffic, 0).await;
+    // A dry run records nothing, and neither does a request refused as invalid.
+    let (status, _) = app
+        .check(json!({"scene": "promo", "user_id": "dry", "device_id": "dry-device", "ip": "192.0.2.1", "dry_run": true}))
+        .await;
+    assert_eq!(status, 200);
+    app.state.recording.as_ref().expect("recording on").flush();
+
+    // The fixture spans two days: two files, named by date; replayed in order as one.
+    let mut names: Vec<String> = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["traffic-2026-12-24.jsonl", "traffic-2026-12-25.jsonl"]
+    );
+    let joined = record_dir.path().join("all.jsonl");
+    let text: String = names
+        .iter()
+        .map(|n| std::fs::read_to_string(path.join(n)).unwrap())
+        .collect();
+    std::fs::write(&joined, &text).unwrap();
+    let recorded = read_traffic(&joined);
+    let decided = answers
+        .iter()
+        .filter(|(_, a)| a.get("error").is_none())
+        .count();
+    let checks: Vec<&Value> = recorded
+        .iter()
+        .filter_map(|(_, l)| match l {
+            Line::Check { check, .. } => Some(check),
+            Line::Event { .. } => None,
+        })
+        .collect();
+    assert_eq!(
+        checks.len(),
+        decided,
+        "every decided check, no dry run, no 400"
+    );
+    assert_eq!(recorded.len(), decided + 1, "and the event");
+    // The bodies are kept as they were sent.
+    let sent: Vec<&Value> = traffic
+        .iter()
+        .filter_map(|(line, l)| match l {
+            Line::Check { check, .. }
+                if answers
+                    .iter()
+                    .any(|(n, a)| n == line && a.get("error").is_none()) =>
+            {
+                Some(check)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(checks, sent);
+
+    let (report, _) = simulate(&fixtures().join("rules"), &joined, None).await;
+    let changes = report.recorded.expect("recorded decisions compared");
+    assert_eq!(changes.compared, decided as u64);
+    assert_eq!(
+        (changes.same, changes.changed),
+        (decided as u64, 0),
+        "{:?}",
+        changes.transitions
+    );
+}
+
+#[actix_web::test]
+async fn a_rule_change_shows_as_changed_decisions_against_a_recording() {
+    // The fixture's answers recorded as the service gave them, replayed on a stricter
+    // rule set: the report names what would change, and where.
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    let text = std::fs::read_to_string(fixtures().join("rules/promo.toml")).unwrap();
+    let stricter = text.replacen("window = \"1d\"\nmax = 3", "window = \"1d\"\nmax = 2", 1);
+    assert_ne!(text, stricter);
+    std::fs::write(rules.join("promo.toml"), stricter).unwrap();
+    let (_, out) = simulate(
+        &fixtures().join("rules"),
+        &fixtures().join("traffic.jsonl"),
+        None,
+    )
+    .await;
+    // Make a recording from the replay's own answers.
+    let recorded: String = read_traffic(&fixtures().join("traffic.jsonl"))
+        .into_iter()
+        .filter_map(|(line, l)| match l {
+            Line::Check {
+                at_ms,
+                label,
+                check,
+                ..
+            } => {
+                let answer = out.iter().find(|o| o["line"] == line)?;
+                let d = answer.get("decision")?;
+                Some(Line::Check {
+                    at_ms,
+                    label,
+                    check,
+                    decision: Some(vigia::simulate::traffic::Recorded {
+                        decision: d["decision"].as_str()?.to_string(),
+                        reason: d["reason"].as_str().map(str::to_string),
+                        request_id: None,
+                    }),
+                })
+            }
+            event => Some(event),
+        })
+        .map(|l| l.to_json() + "\n")
+        .collect();
+    let file = dir.path().join("recorded.jsonl");
+    std::fs::write(&file, recorded).unwrap();
+    let (report, _) = simulate(&rules, &file, None).await;
+    let changes = report.recorded.expect("compared");
+    assert!(changes.changed > 0);
+    assert_eq!(changes.same + changes.changed, changes.compared);
+    assert!(
+        changes
+            .transitions
+            .iter()
+            .any(|t| t.from == "allow" && t.to == "friendly_deny/user_1d"),
+        "{:?}",
+        changes.transitions
+    );
+}
