@@ -40,6 +40,7 @@ pub struct Checker {
     profiler: Profiler,
     metrics: Metrics,
     key_prefix: String,
+    clock: Arc<dyn Clock>,
 }
 
 impl Checker {
@@ -56,9 +57,10 @@ impl Checker {
             store,
             local,
             gateways: Gateways::new(clock.clone()),
-            profiler: Profiler::new(None, None, clock, metrics.clone()),
+            profiler: Profiler::new(None, None, clock.clone(), metrics.clone()),
             metrics,
             key_prefix: key_prefix.to_string(),
+            clock,
         }
     }
 
@@ -86,7 +88,7 @@ impl Checker {
         body: &Value,
     ) -> Result<CheckResponse, RequestError> {
         let started = Instant::now();
-        let req = request::parse_check(rules, body)?;
+        let req = request::parse_check(rules, body, self.clock.now_ms())?;
         let resp = self.decide(rules, &req).await;
         self.record(&req.scene, &resp, started);
         Ok(resp)

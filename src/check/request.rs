@@ -133,9 +133,12 @@ fn bounded(field: &str, s: String) -> Result<String, RequestError> {
     Ok(s)
 }
 
-fn request_id(obj: &Map<String, Value>) -> Result<String, RequestError> {
+/// The body's request id, or a new ULID: time-ordered on the service clock, random below.
+fn request_id(obj: &Map<String, Value>, now_ms: u64) -> Result<String, RequestError> {
     match obj.get("request_id") {
-        None | Some(Value::Null) => Ok(ulid::Ulid::generate().to_string()),
+        None | Some(Value::Null) => {
+            Ok(ulid::Ulid::from_parts(now_ms, rand::random::<u128>()).to_string())
+        }
         Some(Value::String(s))
             if (1..=64).contains(&s.len())
                 && s.bytes()
@@ -198,11 +201,16 @@ fn require(scene: &Scene, values: &DimensionValues) -> Result<(), RequestError> 
     Ok(())
 }
 
-/// Validates a `/v1/check` body against the current rule set.
-pub fn parse_check(rules: &RuleSet, body: &Value) -> Result<CheckRequest, RequestError> {
+/// Validates a `/v1/check` body against the current rule set; `now_ms` dates the request
+/// id made when the body has none.
+pub fn parse_check(
+    rules: &RuleSet,
+    body: &Value,
+    now_ms: u64,
+) -> Result<CheckRequest, RequestError> {
     let obj = object(body)?;
     let scene = scene(rules, obj)?;
-    let request_id = request_id(obj)?;
+    let request_id = request_id(obj, now_ms)?;
     let (values, device_too_long) = values(obj)?;
     require(&scene, &values)?;
     let idempotency_key = id(obj, "idempotency_key")?
@@ -248,7 +256,7 @@ pub fn parse_refund(rules: &RuleSet, body: &Value) -> Result<RefundRequest, Requ
     if obj.get("request_id").is_none_or(Value::is_null) {
         return Err(RequestError::invalid("request_id", "is required"));
     }
-    let request_id = request_id(obj)?;
+    let request_id = request_id(obj, 0)?;
     let (values, _) = values(obj)?;
     Ok(RefundRequest {
         scene,

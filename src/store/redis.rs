@@ -39,7 +39,8 @@ pub struct RedisStore {
     link: Arc<RedisLink>,
     check_script: Script,
     refund_script: Script,
-    /// Tests only: `Some` replaces Redis `TIME` with this clock.
+    /// `Some` replaces Redis `TIME` with this clock (a service built on any clock but the
+    /// wall clock: tests, simulations).
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -91,8 +92,9 @@ impl RedisStore {
         })
     }
 
-    /// TEST ONLY: take "now" from `clock` instead of Redis `TIME`, so a test can cross
-    /// window edges without sleeping. Expiries still run on Redis's own clock.
+    /// Takes "now" from `clock` instead of Redis `TIME`, so a test can cross window edges
+    /// without sleeping; `app::build` does this for any clock but the wall clock. Expiries
+    /// still run on Redis's own clock, so keep such a clock near the real time.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self

@@ -46,7 +46,8 @@ pub struct RedisLedger {
     read_script: Script,
     award_script: Script,
     awards_script: Script,
-    /// Tests only: `Some` replaces Redis `TIME` with this clock.
+    /// `Some` replaces Redis `TIME` with this clock (a service built on any clock but the
+    /// wall clock: tests, simulations).
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -93,8 +94,9 @@ impl RedisLedger {
         Ok(ledger)
     }
 
-    /// TEST ONLY: take "now" from `clock` instead of Redis `TIME`. Key expiries still run
-    /// on Redis's own clock, so keep the test clock near the real time.
+    /// Takes "now" from `clock` instead of Redis `TIME` (as the window store does; see
+    /// [`crate::store::redis::RedisStore::with_clock`]). Key expiries still run on Redis's
+    /// own clock, so keep such a clock near the real time.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self

@@ -562,3 +562,107 @@ async fn a_rule_change_shows_as_changed_decisions_against_a_recording() {
         changes.transitions
     );
 }
+
+fn example(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/scenarios")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn a_scenario_writes_the_same_traffic_for_a_seed_to_stdout_or_a_file() {
+    let file = example("coupon_drop_farm.toml");
+    let (code, one, stderr) = vigia(&["scenario", &file, "--seed", "7"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("seed 7"), "{stderr}");
+    let (_, two, _) = vigia(&["scenario", &file, "--seed", "7"]);
+    assert_eq!(one, two, "the same seed, the same bytes");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t.jsonl");
+    let (code, stdout, _) = vigia(&[
+        "scenario",
+        &file,
+        "--seed",
+        "7",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0);
+    assert!(stdout.is_empty());
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), one);
+    let (_, other, _) = vigia(&["scenario", &file, "--seed", "8"]);
+    assert_ne!(one, other);
+    // Without --seed, the file's own.
+    let (_, default, stderr) = vigia(&["scenario", &file]);
+    assert!(stderr.contains("seed 42"), "{stderr}");
+    assert_ne!(default, one);
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "seed = 1\nscene = \"s\"\nstart = \"2026-12-24T10:00:00Z\"\nspan = \"1h\"\n[honest]\nusers = 10\npaid_share = 2.0\n").unwrap();
+    let (code, stdout, stderr) = vigia(&["scenario", bad.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(stdout.is_empty());
+    assert!(stderr.contains("bad.toml:7: honest.paid_share"), "{stderr}");
+}
+
+/// Writes the example's traffic and replays it on the shipped rules with a stock of
+/// 2000; returns the JSON report.
+fn replay_example(name: &str) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let traffic = dir.path().join("t.jsonl");
+    let (code, _, stderr) = vigia(&[
+        "scenario",
+        &example(name),
+        "--out",
+        traffic.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let (code, stdout, stderr) = vigia(&[
+        "simulate",
+        "--rules",
+        rules.to_str().unwrap(),
+        traffic.to_str().unwrap(),
+        "--stock",
+        "2000",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    serde_json::from_str(&stdout).expect("JSON report")
+}
+
+#[test]
+fn the_shipped_rules_deny_no_honest_user_on_a_quiet_day() {
+    let report = replay_example("quiet_day.toml");
+    for label in ["honest", "campus"] {
+        let r = &report["labels"][label];
+        assert_eq!(r["users_unserved"], 0, "{label}: {r}");
+        // Every user's first claim is allowed; the only denials are double-click copies.
+        assert_eq!(r["allowed"], r["users"], "{label}: {r}");
+        assert_eq!(r["silent_deny"], 0, "{label}: {r}");
+    }
+    assert!(report["groups"].as_object().unwrap().is_empty());
+}
+
+#[test]
+fn the_drop_scenarios_replay_with_the_attackers_summed_as_one_group() {
+    for name in ["coupon_drop_farm.toml", "coupon_drop_residential.toml"] {
+        let report = replay_example(name);
+        assert_eq!(report["stock"]["granted"], 2000, "{name}");
+        let by_label = report["stock"]["by_label"].as_object().unwrap();
+        let attackers: u64 = ["attacker/farm", "attacker/spoofed"]
+            .iter()
+            .map(|l| by_label[*l].as_u64().unwrap())
+            .sum();
+        assert_eq!(report["groups"]["attacker"]["units"], attackers, "{name}");
+        // The farm's accounts share 30 devices: the behaviour signals stop most of it.
+        let farm = &report["labels"]["attacker/farm"];
+        assert!(
+            farm["silent_deny"].as_u64().unwrap() > farm["checks"].as_u64().unwrap() / 2,
+            "{name}: {farm}"
+        );
+    }
+}
