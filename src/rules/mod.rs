@@ -10,6 +10,10 @@ mod compile;
 mod duration;
 mod load;
 mod raw;
+
+/// Names the key a TOML deserialization error is about (`.gateway.burst`, `[2]`): shared
+/// with the other strict TOML files (scenarios).
+pub(crate) use raw::path_to;
 pub mod reload;
 pub mod watch;
 

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 pub use document::parse_file;
-pub use locate::key_segment;
+pub use locate::{key_segment, path_to};
 pub use source::Source;
 
 /// A number as written; range checks happen in `compile` so they can name the field.

@@ -12,6 +12,8 @@ use serde::Deserialize;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 use toml::Spanned;
 
+use crate::rules::path_to;
+
 /// An integer as written.
 pub type Int = Spanned<i64>;
 /// A string as written (labels, durations, CIDRs, addresses).
@@ -152,45 +154,4 @@ fn plain_types(message: &str) -> String {
         .replace("expected i64", "expected an integer")
         .replace("expected f64", "expected a number")
         .replace('\n', " ")
-}
-
-/// The path of the deepest key or element under `root` that `span` points into:
-/// `.nat[0].addresses`, or empty when it is `root` itself.
-///
-/// The same walk as the rule files' locator (private to `rules`): every child is
-/// searched, not only those whose span covers the target, because a table made by a
-/// `[[nat]]` header may carry no covering span.
-fn path_to(root: &Spanned<DeValue<'_>>, span: &Range<usize>) -> String {
-    let mut segments = Vec::new();
-    descend(root.get_ref(), span, &mut segments);
-    segments.concat()
-}
-
-fn descend(value: &DeValue<'_>, target: &Range<usize>, out: &mut Vec<String>) -> bool {
-    match value {
-        DeValue::Table(table) => table.iter().any(|(key, child)| {
-            out.push(format!(".{}", key.get_ref()));
-            let found = covers(&key.span(), target)
-                || descend(child.get_ref(), target, out)
-                || covers(&child.span(), target);
-            if !found {
-                out.pop();
-            }
-            found
-        }),
-        DeValue::Array(array) => array.iter().enumerate().any(|(i, child)| {
-            out.push(format!("[{i}]"));
-            let found = descend(child.get_ref(), target, out) || covers(&child.span(), target);
-            if !found {
-                out.pop();
-            }
-            found
-        }),
-        _ => false,
-    }
-}
-
-fn covers(span: &Range<usize>, target: &Range<usize>) -> bool {
-    span == target
-        || (span.start < span.end && span.start <= target.start && target.end <= span.end)
 }
