@@ -23,10 +23,11 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::report::{Report, Tally};
+use super::report::{Fate, Report, Tally};
 use super::traffic::{Line, Reader, TrafficError, UNLABELLED};
 use crate::app::{self, Purpose, StartError};
 use crate::check::decision::CheckResponse;
+use crate::check::RequestError;
 use crate::clock::{rfc3339, ManualClock};
 use crate::config::{Config, StoreBackend};
 use crate::metrics::Metrics;
@@ -208,6 +209,7 @@ impl Replay {
                     check,
                     decision,
                 } => {
+                    // Events before a check are in force for it.
                     if let Some(b) = batch.take() {
                         self.ingest(&core, &clock, b, &mut tally).await?;
                     }
@@ -224,27 +226,7 @@ impl Replay {
                         &answer,
                         decision.as_ref(),
                     );
-                    if let Some((out, path)) = &mut self.out {
-                        let record = OutLine {
-                            line,
-                            at: rfc3339(at_ms),
-                            label,
-                            decision: answer.as_ref().ok(),
-                            error: answer.as_ref().err().map(|e| OutError {
-                                code: e.code(),
-                                message: e.to_string(),
-                                field: e.field(),
-                            }),
-                            granted: fate.granted,
-                        };
-                        serde_json::to_writer(&mut *out, &record)
-                            .map_err(std::io::Error::from)
-                            .and_then(|()| out.write_all(b"\n"))
-                            .map_err(|source| SimulateError::Out {
-                                path: path.clone(),
-                                source,
-                            })?;
-                    }
+                    self.write_out(line, at_ms, label, &answer, fate)?;
                 }
             }
             lines += 1;
@@ -281,6 +263,39 @@ impl Replay {
             tracing::debug!(error = %e, "simulate: freeing the private store on this thread");
         }
         Ok(tally.finish())
+    }
+
+    /// One `--out` line, when asked for.
+    fn write_out(
+        &mut self,
+        line: usize,
+        at_ms: u64,
+        label: &str,
+        answer: &Result<CheckResponse, RequestError>,
+        fate: Fate,
+    ) -> Result<(), SimulateError> {
+        let Some((out, path)) = &mut self.out else {
+            return Ok(());
+        };
+        let record = OutLine {
+            line,
+            at: rfc3339(at_ms),
+            label,
+            decision: answer.as_ref().ok(),
+            error: answer.as_ref().err().map(|e| OutError {
+                code: e.code(),
+                message: e.to_string(),
+                field: e.field(),
+            }),
+            granted: fate.granted,
+        };
+        serde_json::to_writer(&mut *out, &record)
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"))
+            .map_err(|source| SimulateError::Out {
+                path: path.clone(),
+                source,
+            })
     }
 
     fn traffic_err(&self, source: TrafficError) -> SimulateError {

@@ -4,6 +4,7 @@
 mod common;
 
 mod auth;
+mod clock;
 mod durability;
 mod events;
 mod faults;
