@@ -202,8 +202,11 @@ pub(crate) fn redis_evalsha_calls(server: &RedisServer) -> u64 {
 /// What a test can look at besides the store's answers.
 pub(crate) enum Inspect {
     Redis(RedisServer),
-    /// The folder lives as long as the store.
-    Embedded(Arc<EmbeddedStore>, #[allow(dead_code)] tempfile::TempDir),
+    /// The folder lives as long as the store (none for the in-memory twin).
+    Embedded(
+        Arc<EmbeddedStore>,
+        #[allow(dead_code)] Option<tempfile::TempDir>,
+    ),
 }
 
 /// A fresh store reading a manual clock at [`T0`], and a way to look inside it.
@@ -235,7 +238,18 @@ impl Env {
         Env {
             store: store.clone(),
             clock,
-            inspect: Inspect::Embedded(store, dir),
+            inspect: Inspect::Embedded(store, Some(dir)),
+        }
+    }
+
+    /// The embedded store without its journal (what `vigia simulate` counts in).
+    pub fn in_memory() -> Env {
+        let clock = ManualClock::new(T0);
+        let store = EmbeddedStore::in_memory(Arc::new(clock.clone()));
+        Env {
+            store: store.clone(),
+            clock,
+            inspect: Inspect::Embedded(store, None),
         }
     }
 
@@ -583,8 +597,10 @@ pub(crate) async fn case_shared_key(store: &dyn WindowStore, clock: &ManualClock
 // The suite, on both stores
 // ---------------------------------------------------------------------------------------
 
-/// Defines each test twice: `on_redis::NAME` and `on_embedded::NAME`.
-macro_rules! on_both_stores {
+/// Defines each test on every store: `on_redis::NAME`, `on_embedded::NAME` and
+/// `on_in_memory::NAME` (the embedded store without its journal, as `vigia simulate` uses
+/// it: the same answers are the point).
+macro_rules! on_every_store {
     ($( $(#[$meta:meta])* async fn $name:ident($env:ident: Env) $body:block )*) => {
         mod on_redis {
             use super::*;
@@ -594,10 +610,14 @@ macro_rules! on_both_stores {
             use super::*;
             $( $(#[$meta])* async fn $name() { let $env = Env::embedded(); $body } )*
         }
+        mod on_in_memory {
+            use super::*;
+            $( $(#[$meta])* async fn $name() { let $env = Env::in_memory(); $body } )*
+        }
     };
 }
 
-on_both_stores! {
+on_every_store! {
     #[tokio::test]
     async fn n_allowed_then_denied_and_the_window_holds_n(env: Env) {
         let lim = sliding("lt:test:uid:10086", 10 * SEC, 5);
