@@ -7,10 +7,14 @@
 //! included. The encoding is injective, and an encoded value contains no `:`, `{`, `}`,
 //! `*`, `?`, `[`, space or control byte, so no id can make another key's name, escape the
 //! prefix, or widen a SCAN pattern. The segment after the scene is a dimension abbreviation
-//! (`uid`, `did`, `ip`, `aid`) or one of `fw`, `tb`, `req`, `idem` — disjoint sets — and
-//! limit names are `[A-Za-z0-9_]`, so the kinds of keys cannot collide either.
+//! (`uid`, `did`, `ip`, `net`, `aid`, `at.NAME`) or one of `all`, `fw`, `tb`, `req`,
+//! `idem` — disjoint sets — and limit and attribute names are `[A-Za-z0-9_]`, so the kinds
+//! of keys cannot collide either. A sliding limit over no dimension (a scene-wide budget)
+//! counts in `<prefix>:<scene>:all`.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::Arc;
 
 use crate::rules::{Algorithm, Dimension, Limit};
 
@@ -20,16 +24,22 @@ pub struct DimensionValues {
     pub user: Option<String>,
     pub device: Option<String>,
     pub ip: Option<String>,
+    /// The IP's network under the rule set's `[network]` (`203.0.113.0/24`).
+    pub net: Option<String>,
     pub activity: Option<String>,
+    /// The declared attributes the check carried.
+    pub attrs: BTreeMap<Arc<str>, String>,
 }
 
 impl DimensionValues {
-    pub fn get(&self, d: Dimension) -> Option<&str> {
+    pub fn get(&self, d: &Dimension) -> Option<&str> {
         match d {
             Dimension::User => self.user.as_deref(),
             Dimension::Device => self.device.as_deref(),
             Dimension::Ip => self.ip.as_deref(),
+            Dimension::Net => self.net.as_deref(),
             Dimension::Activity => self.activity.as_deref(),
+            Dimension::Attr(name) => self.attrs.get(name).map(String::as_str),
         }
     }
 }
@@ -44,6 +54,17 @@ pub fn encode_into(out: &mut String, value: &str) {
             let _ = write!(out, "%{b:02X}");
         }
     }
+}
+
+/// Appends `:<abbrev>:<value>` per dimension; `None` when a value is absent.
+fn push_dimensions(k: &mut String, dims: &[Dimension], values: &DimensionValues) -> Option<()> {
+    for d in dims {
+        k.push(':');
+        k.push_str(&d.key_abbrev());
+        k.push(':');
+        encode_into(k, values.get(d)?);
+    }
+    Some(())
 }
 
 /// Builds the keys of one scene under one prefix.
@@ -66,6 +87,8 @@ impl KeySpace<'_> {
     pub fn limit_key(&self, limit: &Limit, values: &DimensionValues) -> Option<String> {
         let mut k = self.base();
         match limit.algorithm {
+            // One ZSET per dimension list; a scene-wide one needs a segment of its own.
+            Algorithm::SlidingWindow if limit.dimensions.is_empty() => k.push_str(":all"),
             Algorithm::SlidingWindow => {}
             Algorithm::FixedWindow => {
                 k.push_str(":fw:");
@@ -76,12 +99,7 @@ impl KeySpace<'_> {
                 k.push_str(&limit.name);
             }
         }
-        for &d in &limit.dimensions {
-            k.push(':');
-            k.push_str(d.key_abbrev());
-            k.push(':');
-            encode_into(&mut k, values.get(d)?);
-        }
+        push_dimensions(&mut k, &limit.dimensions, values)?;
         Some(k)
     }
 
@@ -124,7 +142,9 @@ mod tests {
             user: Some(user.into()),
             device: Some("dev-12345678".into()),
             ip: Some("2001:db8::1".into()),
+            net: Some("2001:db8::/48".into()),
             activity: Some("2026verano".into()),
+            attrs: [("phone_range".into(), "612 34".to_string())].into(),
         }
     }
 

@@ -60,7 +60,7 @@ impl Profiler {
     /// Asks the actors and the ledger at once; only what the scene and rule set use.
     pub async fn profile(&self, rules: &RuleSet, req: &CheckRequest) -> Profile {
         let scene = &req.scene;
-        let user = req.values.get(Dimension::User);
+        let user = req.values.get(&Dimension::User);
         let behaviour = &scene.behaviour;
         let wants_signals = behaviour.accounts_per_device.is_some()
             || behaviour.account_switches.is_some()
@@ -77,8 +77,8 @@ impl Profiler {
                     StateBounds::from_behaviours(rules.scenes.values().map(|s| &s.behaviour));
                 b.observe(Observation {
                     user,
-                    device: req.values.get(Dimension::Device),
-                    ip: req.values.get(Dimension::Ip),
+                    device: req.values.get(&Dimension::Device),
+                    ip: req.values.get(&Dimension::Ip),
                     behaviour,
                     bounds,
                     dry_run: req.dry_run,

@@ -6,6 +6,7 @@
 //! nothing downstream. A device id that fails the rule set's pattern is not an input error:
 //! it is a security verdict (silent deny), decided by the caller from `device_invalid`.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -26,7 +27,7 @@ pub enum RequestError {
     #[error("scene {0:?} is not in the current rule set")]
     UnknownScene(String),
     #[error("{field} is required by scene {scene}")]
-    MissingDimension { field: &'static str, scene: String },
+    MissingDimension { field: String, scene: String },
     #[error("{field}: {message}")]
     InvalidField { field: String, message: String },
 }
@@ -166,8 +167,71 @@ fn ip(obj: &Map<String, Value>) -> Result<Option<String>, RequestError> {
     }
 }
 
+/// Every field a `/v1/check` body may carry: anything else is refused, so a misspelt
+/// `dryRun` cannot record a real request.
+const CHECK_FIELDS: [&str; 10] = [
+    "scene",
+    "request_id",
+    "user_id",
+    "device_id",
+    "ip",
+    "activity_id",
+    "attrs",
+    "idempotency_key",
+    "user_created_at",
+    "dry_run",
+];
+
+fn known_fields(obj: &Map<String, Value>, fields: &[&str]) -> Result<(), RequestError> {
+    match obj.keys().find(|k| !fields.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(unknown) => Err(RequestError::invalid(
+            &truncate(unknown),
+            format!("is not a field of this request ({})", fields.join(", ")),
+        )),
+    }
+}
+
+/// `attrs`: an object of declared attributes, each a string (or integer) matching its
+/// pattern.
+fn attrs(
+    rules: &RuleSet,
+    obj: &Map<String, Value>,
+) -> Result<BTreeMap<Arc<str>, String>, RequestError> {
+    let mut out = BTreeMap::new();
+    let map = match obj.get("attrs") {
+        None | Some(Value::Null) => return Ok(out),
+        Some(Value::Object(map)) => map,
+        Some(_) => return Err(RequestError::invalid("attrs", "must be an object")),
+    };
+    for name in map.keys() {
+        let field = format!("attrs.{}", truncate(name));
+        let Some((key, attr)) = rules.attributes.get_key_value(name.as_str()) else {
+            return Err(RequestError::invalid(
+                &field,
+                "is not declared in the rule set's [attributes]",
+            ));
+        };
+        let Some(value) = id(map, name)? else {
+            continue;
+        };
+        let value = bounded(&field, value)?;
+        if !attr.pattern.is_match(&value) {
+            return Err(RequestError::invalid(
+                &field,
+                format!("does not match {}", attr.pattern.as_str()),
+            ));
+        }
+        out.insert(key.clone(), value);
+    }
+    Ok(out)
+}
+
 /// Reads the dimension fields; every present one is checked, required or not.
-fn values(obj: &Map<String, Value>) -> Result<(DimensionValues, bool), RequestError> {
+fn values(
+    rules: &RuleSet,
+    obj: &Map<String, Value>,
+) -> Result<(DimensionValues, bool), RequestError> {
     let user = id(obj, "user_id")?
         .map(|s| bounded("user_id", s))
         .transpose()?;
@@ -178,22 +242,29 @@ fn values(obj: &Map<String, Value>) -> Result<(DimensionValues, bool), RequestEr
     // A forged device id is a security verdict, not an input error; an absurd length is
     // forged whatever the pattern says.
     let device_too_long = device.as_ref().is_some_and(|d| d.len() > MAX_ID_LEN);
+    let ip = ip(obj)?;
+    let net = ip
+        .as_deref()
+        .and_then(|a| a.parse().ok())
+        .map(|a| rules.network.of(a));
     Ok((
         DimensionValues {
             user,
             device,
-            ip: ip(obj)?,
+            ip,
+            net,
             activity,
+            attrs: attrs(rules, obj)?,
         },
         device_too_long,
     ))
 }
 
 fn require(scene: &Scene, values: &DimensionValues) -> Result<(), RequestError> {
-    for &d in &scene.required {
+    for d in &scene.required {
         if values.get(d).is_none() {
             return Err(RequestError::MissingDimension {
-                field: d.request_field(),
+                field: d.request_field().into_owned(),
                 scene: scene.name.clone(),
             });
         }
@@ -209,9 +280,10 @@ pub fn parse_check(
     now_ms: u64,
 ) -> Result<CheckRequest, RequestError> {
     let obj = object(body)?;
+    known_fields(obj, &CHECK_FIELDS)?;
     let scene = scene(rules, obj)?;
     let request_id = request_id(obj, now_ms)?;
-    let (values, device_too_long) = values(obj)?;
+    let (values, device_too_long) = values(rules, obj)?;
     require(&scene, &values)?;
     let idempotency_key = id(obj, "idempotency_key")?
         .map(|s| bounded("idempotency_key", s))
@@ -233,7 +305,7 @@ pub fn parse_check(
         Some(_) => return Err(RequestError::invalid("dry_run", "must be true or false")),
     };
     let device_invalid = device_too_long
-        || match (&rules.validation.device_id, values.get(Dimension::Device)) {
+        || match (&rules.validation.device_id, values.get(&Dimension::Device)) {
             (Some(pattern), Some(device)) => !pattern.is_match(device),
             _ => false,
         };
@@ -257,7 +329,7 @@ pub fn parse_refund(rules: &RuleSet, body: &Value) -> Result<RefundRequest, Requ
         return Err(RequestError::invalid("request_id", "is required"));
     }
     let request_id = request_id(obj, 0)?;
-    let (values, _) = values(obj)?;
+    let (values, _) = values(rules, obj)?;
     Ok(RefundRequest {
         scene,
         request_id,

@@ -29,6 +29,9 @@ pub struct CheckBody {
     /// IPv4 or IPv6 text.
     pub ip: Option<String>,
     pub activity_id: Option<String>,
+    /// Attributes declared in the rule set's `[attributes]` (string values matching
+    /// their patterns), usable as `attr.NAME` dimensions.
+    pub attrs: Option<std::collections::BTreeMap<String, String>>,
     /// A retry with the same key consumes no further quota.
     pub idempotency_key: Option<String>,
     /// RFC 3339.

@@ -157,7 +157,7 @@ mod tests {
         let invalid = ApiError::from(EventsError::Invalid {
             at: "events[3].".into(),
             source: RequestError::MissingDimension {
-                field: "user_id",
+                field: "user_id".into(),
                 scene: "s".into(),
             },
         });

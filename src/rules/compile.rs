@@ -17,7 +17,7 @@ mod signals;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use super::load::{sorted, version_of};
 use super::raw::{key_segment, parse_file, RawFile, Source};
 use super::{RuleError, RuleErrors, RuleSet, Scene, Validation};
 use diag::Diag;
-use scene::{compile_scene, NewAccountKnown};
+use scene::{compile_scene, NewAccountKnown, SetFacts};
 
 /// Compiles rule files given as `(display path, contents)` into one rule set.
 ///
@@ -64,7 +64,25 @@ pub fn compile_files(files: &[(String, String)]) -> Result<RuleSet, RuleErrors> 
         &mut errors,
         |d, _, v| sections::compile_validation(d, v),
     );
-    let scenes = compile_scenes(&parsed, new_account_known(&parsed), &mut errors);
+    let network = compile_once(
+        &parsed,
+        "network",
+        |f| f.network.as_ref(),
+        &mut errors,
+        sections::compile_network,
+    );
+    let attributes = compile_once(
+        &parsed,
+        "attributes",
+        |f| f.attributes.as_ref(),
+        &mut errors,
+        sections::compile_attributes,
+    );
+    let facts = SetFacts {
+        new_account: new_account_known(&parsed),
+        attributes: attributes_known(&parsed),
+    };
+    let scenes = compile_scenes(&parsed, &facts, &mut errors);
 
     if !errors.is_empty() {
         return Err(sorted(errors));
@@ -80,6 +98,8 @@ pub fn compile_files(files: &[(String, String)]) -> Result<RuleSet, RuleErrors> 
         scenes,
         trust,
         validation: validation.unwrap_or(Validation { device_id: None }),
+        network: network.unwrap_or_default(),
+        attributes: attributes.unwrap_or_default(),
     })
 }
 
@@ -129,11 +149,21 @@ fn new_account_known(parsed: &[(Source<'_>, RawFile)]) -> NewAccountKnown {
     known
 }
 
+/// The attribute names `[attributes]` declares; `None` when a broken one hides them.
+fn attributes_known(parsed: &[(Source<'_>, RawFile)]) -> Option<BTreeSet<String>> {
+    let mut names = BTreeSet::new();
+    for section in parsed.iter().filter_map(|(_, f)| f.attributes.as_ref()) {
+        let attrs = section.get_ref().as_ref()?;
+        names.extend(attrs.0.keys().map(|k| k.get_ref().clone()));
+    }
+    Some(names)
+}
+
 /// Compiles every scene of every file; a scene defined in two files is an error at the
 /// second, naming both.
 fn compile_scenes(
     parsed: &[(Source<'_>, RawFile)],
-    new_account: NewAccountKnown,
+    facts: &SetFacts,
     errors: &mut Vec<RuleError>,
 ) -> BTreeMap<String, Arc<Scene>> {
     let mut first_seen: BTreeMap<&str, String> = BTreeMap::new();
@@ -143,7 +173,7 @@ fn compile_scenes(
         for raw in &file.scenes {
             let name = raw.name.get_ref();
             let here = d.place(&raw.name.span());
-            let compiled = compile_scene(&mut d, raw, new_account);
+            let compiled = compile_scene(&mut d, raw, facts);
             if let Some(there) = first_seen.get(name.as_str()) {
                 d.at(
                     &raw.name.span(),

@@ -17,11 +17,13 @@ pub(crate) use raw::path_to;
 pub mod reload;
 pub mod watch;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use regex::Regex;
 
 use crate::clock::Clock;
@@ -32,57 +34,115 @@ pub use load::{load_dir, RuleError, RuleErrors};
 pub use reload::{Reloaded, Reloader, RulesError, Trigger};
 
 /// A dimension of a check: who or what an action is attributed to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// `Net` is derived from the check's IP (its network, per [`Network`]); `Attr` is a value
+/// the backend carries in `attrs`, declared in `[attributes]` (a phone number's range, a
+/// payment instrument's hash…).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dimension {
     User,
     Device,
     Ip,
+    Net,
     Activity,
+    Attr(Arc<str>),
 }
 
 impl Dimension {
-    /// All dimensions, in the order they are reported.
-    pub const ALL: [Dimension; 4] = [
+    /// The fixed dimensions, in the order they are reported.
+    pub const FIXED: [Dimension; 5] = [
         Dimension::User,
         Dimension::Device,
         Dimension::Ip,
+        Dimension::Net,
         Dimension::Activity,
     ];
 
-    /// The name used in rule files (`user`, `device`, `ip`, `activity`).
-    pub fn name(self) -> &'static str {
+    /// The name used in rule files (`user`, `device`, `ip`, `net`, `activity`,
+    /// `attr.NAME`).
+    pub fn name(&self) -> Cow<'static, str> {
         match self {
-            Dimension::User => "user",
-            Dimension::Device => "device",
-            Dimension::Ip => "ip",
-            Dimension::Activity => "activity",
+            Dimension::User => "user".into(),
+            Dimension::Device => "device".into(),
+            Dimension::Ip => "ip".into(),
+            Dimension::Net => "net".into(),
+            Dimension::Activity => "activity".into(),
+            Dimension::Attr(name) => format!("attr.{name}").into(),
         }
     }
 
-    /// The abbreviation used in store keys (`uid`, `did`, `ip`, `aid`).
-    pub fn key_abbrev(self) -> &'static str {
+    /// The abbreviation used in store keys (`uid`, `did`, `ip`, `net`, `aid`,
+    /// `at.NAME`).
+    pub fn key_abbrev(&self) -> Cow<'static, str> {
         match self {
-            Dimension::User => "uid",
-            Dimension::Device => "did",
-            Dimension::Ip => "ip",
-            Dimension::Activity => "aid",
+            Dimension::User => "uid".into(),
+            Dimension::Device => "did".into(),
+            Dimension::Ip => "ip".into(),
+            Dimension::Net => "net".into(),
+            Dimension::Activity => "aid".into(),
+            Dimension::Attr(name) => format!("at.{name}").into(),
         }
     }
 
-    /// The field of a check request that carries this dimension.
-    pub fn request_field(self) -> &'static str {
+    /// The field of a check request that carries this dimension (`net` comes from `ip`).
+    pub fn request_field(&self) -> Cow<'static, str> {
         match self {
-            Dimension::User => "user_id",
-            Dimension::Device => "device_id",
-            Dimension::Ip => "ip",
-            Dimension::Activity => "activity_id",
+            Dimension::User => "user_id".into(),
+            Dimension::Device => "device_id".into(),
+            Dimension::Ip | Dimension::Net => "ip".into(),
+            Dimension::Activity => "activity_id".into(),
+            Dimension::Attr(name) => format!("attrs.{name}").into(),
         }
     }
 
-    /// Parses a rule-file dimension name.
+    /// Parses a rule-file dimension name; `attr.NAME` is taken as written (whether NAME
+    /// is declared is the compiler's question).
     pub fn from_name(s: &str) -> Option<Dimension> {
-        Dimension::ALL.into_iter().find(|d| d.name() == s)
+        if let Some(attr) = s.strip_prefix("attr.") {
+            return Some(Dimension::Attr(attr.into()));
+        }
+        Dimension::FIXED.into_iter().find(|d| d.name() == s)
     }
+}
+
+/// `[network]`: how an IP becomes its `net` (IPv4 /24 and IPv6 /48 unless set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Network {
+    /// 0..=32.
+    pub ipv4_prefix: u8,
+    /// 0..=128.
+    pub ipv6_prefix: u8,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network {
+            ipv4_prefix: 24,
+            ipv6_prefix: 48,
+        }
+    }
+}
+
+impl Network {
+    /// The network of `ip` as text (`203.0.113.0/24`, `2001:db8:1::/48`).
+    pub fn of(&self, ip: IpAddr) -> String {
+        let net = match ip {
+            IpAddr::V4(v4) => Ipv4Net::new(v4, self.ipv4_prefix.min(32))
+                .map(|n| IpNet::V4(n.trunc()))
+                .unwrap_or_else(|_| IpNet::from(ip)),
+            IpAddr::V6(v6) => Ipv6Net::new(v6, self.ipv6_prefix.min(128))
+                .map(|n| IpNet::V6(n.trunc()))
+                .unwrap_or_else(|_| IpNet::from(ip)),
+        };
+        net.to_string()
+    }
+}
+
+/// One `[attributes]` entry: a backend-supplied value a check may carry in `attrs`.
+#[derive(Debug, Clone)]
+pub struct Attribute {
+    /// A value that does not match is a 400 naming `attrs.NAME`.
+    pub pattern: Regex,
 }
 
 /// How a limit counts.
@@ -152,7 +212,8 @@ impl StoreErrorPolicy {
 pub struct Limit {
     /// Unique within the scene; `[A-Za-z0-9_]+`.
     pub name: String,
-    /// Non-empty, no repeats, in the order the rule file lists them (the key follows it).
+    /// No repeats, in the order the rule file lists them (the key follows it); empty is
+    /// one budget for the whole scene.
     pub dimensions: Vec<Dimension>,
     pub algorithm: Algorithm,
     /// > 0.
@@ -168,7 +229,7 @@ pub struct Limit {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Override {
     pub cidr: IpNet,
-    /// Name of a limit of the same scene whose dimensions include `ip`.
+    /// Name of a limit of the same scene whose dimensions include `ip` or `net`.
     pub limit: String,
     /// >= 1.
     pub max: u64,
@@ -271,6 +332,9 @@ pub struct RuleSet {
     pub scenes: BTreeMap<String, Arc<Scene>>,
     pub trust: Option<Trust>,
     pub validation: Validation,
+    pub network: Network,
+    /// `[attributes]`, by name.
+    pub attributes: BTreeMap<Arc<str>, Attribute>,
 }
 
 impl RuleSet {

@@ -39,6 +39,10 @@ pub struct RawFile {
     pub trust: Option<Spanned<Option<RawTrust>>>,
     /// `[validation]`, when the file has one. `None` inside: present but broken.
     pub validation: Option<Spanned<Option<RawValidation>>>,
+    /// `[network]`, when the file has one. `None` inside: present but broken.
+    pub network: Option<Spanned<Option<RawNetwork>>>,
+    /// `[attributes]`, when the file has one. `None` inside: present but broken.
+    pub attributes: Option<Spanned<Option<RawAttributes>>>,
 }
 
 /// `[scene.NAME]` and its sub-tables, each part read on its own.
@@ -164,6 +168,22 @@ pub struct RawNewAccount {
 pub struct RawValidation {
     pub device_id: Option<Spanned<RawPattern>>,
 }
+
+/// `[network]`: the prefix lengths that make an IP's `net`.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a network table { ipv4_prefix, ipv6_prefix }"
+)]
+pub struct RawNetwork {
+    pub ipv4_prefix: Option<Int>,
+    pub ipv6_prefix: Option<Int>,
+}
+
+/// `[attributes]`: `NAME = { pattern = ".." }` per declared attribute.
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+pub struct RawAttributes(pub BTreeMap<Spanned<String>, Spanned<RawPattern>>);
 
 /// `{ pattern = ".." }`.
 #[derive(Debug, Deserialize)]

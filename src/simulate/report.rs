@@ -806,7 +806,7 @@ mod tests {
     fn rejections_group_by_code_and_field_and_recorded_changes_are_listed() {
         let mut t = Tally::new("v", None);
         let missing = Err(RequestError::MissingDimension {
-            field: "device_id",
+            field: "device_id".into(),
             scene: "s".into(),
         });
         t.check(5, 1, "x", None, &missing, None);

@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use toml::Spanned;
 
+use super::scene::SetFacts;
 use crate::rules::raw::{Int, Source, Text};
 use crate::rules::{parse_duration_ms, Dimension, RuleError};
 
@@ -114,16 +115,32 @@ impl<'s, 'e> Diag<'s, 'e> {
     }
 
     /// A dimension name.
-    pub fn dimension(&mut self, path: &str, value: &Text) -> Option<Dimension> {
+    /// A dimension name; `attr.NAME` must be declared in `[attributes]` (unless a broken
+    /// `[attributes]` hides what is declared).
+    pub fn dimension(&mut self, path: &str, value: &Text, facts: &SetFacts) -> Option<Dimension> {
         let dim = Dimension::from_name(value.get_ref());
-        if dim.is_none() {
-            self.at(
+        match &dim {
+            None => self.at(
                 &value.span(),
                 format!(
-                    "{path}: {:?} is not a dimension (user, device, ip, activity)",
+                    "{path}: {:?} is not a dimension (user, device, ip, net, activity, attr.NAME)",
                     value.get_ref()
                 ),
-            );
+            ),
+            Some(Dimension::Attr(name)) => {
+                let declared = facts.attributes.as_ref().map(|a| a.contains(&**name));
+                if declared == Some(false) {
+                    self.at(
+                        &value.span(),
+                        format!("{path}: attribute {name:?} is not declared in [attributes] (add {name} = {{ pattern = \"...\" }} there)"),
+                    );
+                    return None;
+                }
+                // A broken [attributes] hides what is declared: nothing to say, but no
+                // dimension either.
+                declared?;
+            }
+            Some(_) => {}
         }
         dim
     }

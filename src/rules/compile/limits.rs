@@ -6,7 +6,10 @@ use std::str::FromStr;
 use ipnet::IpNet;
 
 use super::diag::Diag;
-use crate::rules::raw::{RawLimit, RawOverride, RawScene};
+use super::scene::SetFacts;
+use toml::Spanned;
+
+use crate::rules::raw::{RawLimit, RawOverride, RawScene, Text};
 use crate::rules::{Algorithm, Dimension, Layer, Limit, Override};
 
 const ALGORITHMS: [(&str, Algorithm); 3] = [
@@ -26,6 +29,7 @@ pub fn compile_limits(
     scene: &str,
     raw: &[Option<RawLimit>],
     required: Option<&[Dimension]>,
+    facts: &SetFacts,
 ) -> Vec<Option<Limit>> {
     let mut out = Vec::with_capacity(raw.len());
     for (i, entry) in raw.iter().enumerate() {
@@ -34,7 +38,7 @@ pub fn compile_limits(
         out.push(
             entry
                 .as_ref()
-                .and_then(|limit| compile_limit(d, &path, scene, limit, earlier, required)),
+                .and_then(|limit| compile_limit(d, &path, scene, limit, earlier, required, facts)),
         );
     }
     out
@@ -47,6 +51,7 @@ fn compile_limit(
     raw: &RawLimit,
     earlier: &[Option<RawLimit>],
     required: Option<&[Dimension]>,
+    facts: &SetFacts,
 ) -> Option<Limit> {
     let field = format!("{path}.name");
     let mut name_ok = d.key_name(&field, "limit name", &raw.name);
@@ -64,7 +69,15 @@ fn compile_limit(
         );
         name_ok = false;
     }
-    let dimensions = compile_dimensions(d, path, scene, raw, required);
+    let dimensions = compile_dimensions(
+        d,
+        &format!("{path}.dimensions"),
+        scene,
+        &raw.dimensions,
+        required,
+        facts,
+        "limit",
+    );
     let algorithm = d.choice(&format!("{path}.algorithm"), &raw.algorithm, &ALGORITHMS);
     let window_ms = d.duration(&format!("{path}.window"), &raw.window);
     let max = d.at_least(&format!("{path}.max"), &raw.max, 1);
@@ -86,28 +99,29 @@ fn compile_limit(
     })
 }
 
-fn compile_dimensions(
+/// A dimension list of a limit or signal: known names, no repeats, each carried by the
+/// check (in `required`; `net` through `ip`). Empty is the whole scene.
+pub fn compile_dimensions(
     d: &mut Diag,
-    path: &str,
+    field: &str,
     scene: &str,
-    raw: &RawLimit,
+    raw: &Spanned<Vec<Text>>,
     required: Option<&[Dimension]>,
+    facts: &SetFacts,
+    what: &str,
 ) -> Option<Vec<Dimension>> {
-    let field = format!("{path}.dimensions");
-    if raw.dimensions.get_ref().is_empty() {
-        d.at(
-            &raw.dimensions.span(),
-            format!("{field}: is empty (list one or more of user, device, ip, activity)"),
-        );
-        return None;
-    }
     let mut dims = Vec::new();
     let mut ok = true;
-    for (i, name) in raw.dimensions.get_ref().iter().enumerate() {
+    for (i, name) in raw.get_ref().iter().enumerate() {
         let item = format!("{field}[{i}]");
-        let Some(dim) = d.dimension(&item, name) else {
+        let Some(dim) = d.dimension(&item, name, facts) else {
             ok = false;
             continue;
+        };
+        // The check carries `net` in its ip.
+        let carried_as = match dim {
+            Dimension::Net => Dimension::Ip,
+            ref other => other.clone(),
         };
         if dims.contains(&dim) {
             d.at(
@@ -115,12 +129,13 @@ fn compile_dimensions(
                 format!("{item}: {:?} is listed twice", dim.name()),
             );
             ok = false;
-        } else if required.is_some_and(|req| !req.contains(&dim)) {
+        } else if required.is_some_and(|req| !req.contains(&carried_as)) {
             d.at(
                 &name.span(),
                 format!(
-                    "{item}: {:?} is not in {scene}.required (add it to required: a check must carry every dimension a limit counts)",
-                    dim.name()
+                    "{item}: {:?} is not in {scene}.required (add {:?} to required: a check must carry every dimension a {what} counts)",
+                    dim.name(),
+                    carried_as.name()
                 ),
             );
             ok = false;
@@ -196,8 +211,14 @@ fn check_override_target(
         // An unreadable limit may be the one meant: say nothing rather than mislead.
         None if !owner.complete => return false,
         None => format!("no limit named {name:?} in {scene}"),
-        Some(l) if !l.dimensions.get_ref().iter().any(|n| n.get_ref() == "ip") => {
-            format!("limit {name:?} does not count by ip (a CIDR override applies to ip limits)")
+        Some(l)
+            if !l
+                .dimensions
+                .get_ref()
+                .iter()
+                .any(|n| matches!(n.get_ref().as_str(), "ip" | "net")) =>
+        {
+            format!("limit {name:?} does not count by ip or net (a CIDR override applies to limits on the address)")
         }
         Some(_) => return true,
     };

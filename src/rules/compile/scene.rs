@@ -1,6 +1,8 @@
 //! Compiles one `[scene.NAME]`: its own keys here, then its limits, overrides,
 //! behaviour and score through their modules.
 
+use std::collections::BTreeSet;
+
 use super::diag::Diag;
 use super::limits::{compile_limits, compile_overrides};
 use super::signals::{compile_behaviour, compile_score};
@@ -17,17 +19,25 @@ const POLICIES: [(&str, StoreErrorPolicy); 3] = [
 /// `[trust]` leaves it unknown (then nothing is reported against it).
 pub type NewAccountKnown = Option<bool>;
 
+/// What the set-wide sections say that a scene's parts depend on. An unknown (a broken
+/// section) is `None`, and then nothing is reported against it.
+pub struct SetFacts {
+    pub new_account: NewAccountKnown,
+    /// The names `[attributes]` declares.
+    pub attributes: Option<BTreeSet<String>>,
+}
+
 /// Checks one scene, reporting every problem; `Some` only when it is wholly valid.
-pub fn compile_scene(d: &mut Diag, raw: &RawScene, new_account: NewAccountKnown) -> Option<Scene> {
+pub fn compile_scene(d: &mut Diag, raw: &RawScene, facts: &SetFacts) -> Option<Scene> {
     let path = format!("scene{}", key_segment(raw.name.get_ref()));
     let name_ok = d.key_name(&path, "scene name", &raw.name);
     let head = raw
         .head
         .as_ref()
-        .map(|head| compile_head(d, &path, raw, head));
+        .map(|head| compile_head(d, &path, raw, head, facts));
     // Dimensions of limits are checked against `required` only when it could be read.
     let required = head.as_ref().and_then(|h| h.required.clone());
-    let limits = compile_limits(d, &path, &raw.limits, required.as_deref());
+    let limits = compile_limits(d, &path, &raw.limits, required.as_deref(), facts);
     let overrides = compile_overrides(d, &path, raw);
     let behaviour = match &raw.behaviour {
         Some(b) => compile_behaviour(d, &path, b),
@@ -36,7 +46,7 @@ pub fn compile_scene(d: &mut Diag, raw: &RawScene, new_account: NewAccountKnown)
     let score = raw
         .score
         .as_ref()
-        .map(|s| compile_score(d, &path, raw, s, new_account));
+        .map(|s| compile_score(d, &path, raw, s, facts.new_account));
 
     let head = head?;
     let limits = limits.into_iter().collect::<Option<Vec<_>>>()?;
@@ -65,7 +75,13 @@ struct Head {
     gateway: Option<Option<Gateway>>,
 }
 
-fn compile_head(d: &mut Diag, path: &str, raw: &RawScene, head: &RawSceneHead) -> Head {
+fn compile_head(
+    d: &mut Diag,
+    path: &str,
+    raw: &RawScene,
+    head: &RawSceneHead,
+    facts: &SetFacts,
+) -> Head {
     let on_store_error = match &head.on_store_error {
         Some(policy) => d.choice(&format!("{path}.on_store_error"), policy, &POLICIES),
         None => {
@@ -79,7 +95,7 @@ fn compile_head(d: &mut Diag, path: &str, raw: &RawScene, head: &RawSceneHead) -
     Head {
         on_store_error,
         deny_message: head.deny_message.as_ref().map(|m| m.get_ref().clone()),
-        required: compile_required(d, path, head),
+        required: compile_required(d, path, head, facts),
         gateway: match &head.gateway {
             Some(g) => compile_gateway(d, path, g.get_ref()).map(Some),
             None => Some(None),
@@ -87,12 +103,24 @@ fn compile_head(d: &mut Diag, path: &str, raw: &RawScene, head: &RawSceneHead) -
     }
 }
 
-fn compile_required(d: &mut Diag, path: &str, head: &RawSceneHead) -> Option<Vec<Dimension>> {
+fn compile_required(
+    d: &mut Diag,
+    path: &str,
+    head: &RawSceneHead,
+    facts: &SetFacts,
+) -> Option<Vec<Dimension>> {
     let mut dims = Vec::new();
     let mut ok = true;
     for (i, name) in head.required.iter().enumerate() {
         let field = format!("{path}.required[{i}]");
-        match d.dimension(&field, name) {
+        match d.dimension(&field, name, facts) {
+            Some(Dimension::Net) => {
+                d.at(
+                    &name.span(),
+                    format!("{field}: \"net\" comes from the check's ip: require \"ip\" instead"),
+                );
+                ok = false;
+            }
             Some(dim) if dims.contains(&dim) => {
                 d.at(
                     &name.span(),

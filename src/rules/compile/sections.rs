@@ -1,5 +1,7 @@
 //! Compiles the set-wide sections: `[trust]` (points from payment and identity events,
-//! new-account strictness) and `[validation]` (what a well-formed device id looks like).
+//! new-account strictness), `[validation]` (what a well-formed device id looks like),
+//! `[network]` (how an IP becomes its `net`) and `[attributes]` (backend-supplied values
+//! a check may carry, each with its pattern).
 
 use std::ops::Range;
 
@@ -7,8 +9,13 @@ use regex::Regex;
 use toml::Spanned;
 
 use super::diag::Diag;
-use crate::rules::raw::{RawAward, RawNewAccount, RawTrust, RawValidation};
-use crate::rules::{NewAccount, Trust, TrustAward, Validation};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::rules::raw::{
+    RawAttributes, RawAward, RawNetwork, RawNewAccount, RawPattern, RawTrust, RawValidation,
+};
+use crate::rules::{Attribute, Network, NewAccount, Trust, TrustAward, Validation};
 
 /// Checks `[trust]`; `Some` only when wholly valid.
 ///
@@ -77,23 +84,91 @@ pub fn compile_validation(d: &mut Diag, raw: &RawValidation) -> Option<Validatio
     let Some(device_id) = &raw.device_id else {
         return Some(Validation { device_id: None });
     };
-    let pattern = &device_id.get_ref().pattern;
-    match Regex::new(pattern.get_ref()) {
-        Ok(re) => Some(Validation {
-            device_id: Some(re),
-        }),
+    let re = pattern(d, "validation.device_id.pattern", device_id.get_ref())?;
+    Some(Validation {
+        device_id: Some(re),
+    })
+}
+
+/// A `{ pattern }` as an anchored-as-written regex, or the error at its line.
+fn pattern(d: &mut Diag, path: &str, raw: &RawPattern) -> Option<Regex> {
+    match Regex::new(raw.pattern.get_ref()) {
+        Ok(re) => Some(re),
         Err(e) => {
             d.at(
-                &pattern.span(),
+                &raw.pattern.span(),
                 format!(
-                    "validation.device_id.pattern: {:?} is not a valid regex: {}",
-                    pattern.get_ref(),
+                    "{path}: {:?} is not a valid regex: {}",
+                    raw.pattern.get_ref(),
                     regex_problem(&e)
                 ),
             );
             None
         }
     }
+}
+
+/// Checks `[network]`: prefix lengths within their address family.
+pub fn compile_network(d: &mut Diag, _at: &Range<usize>, raw: &RawNetwork) -> Option<Network> {
+    let default = Network::default();
+    let prefix =
+        |d: &mut Diag, path: &str, value: Option<&crate::rules::raw::Int>, bits: u8, dflt: u8| {
+            let Some(value) = value else {
+                return Some(dflt);
+            };
+            let n = *value.get_ref();
+            match u8::try_from(n) {
+                Ok(n) if n <= bits => Some(n),
+                _ => {
+                    d.at(
+                        &value.span(),
+                        format!("{path}: {n} is not a prefix length 0..={bits}"),
+                    );
+                    None
+                }
+            }
+        };
+    let ipv4_prefix = prefix(
+        d,
+        "network.ipv4_prefix",
+        raw.ipv4_prefix.as_ref(),
+        32,
+        default.ipv4_prefix,
+    );
+    let ipv6_prefix = prefix(
+        d,
+        "network.ipv6_prefix",
+        raw.ipv6_prefix.as_ref(),
+        128,
+        default.ipv6_prefix,
+    );
+    Some(Network {
+        ipv4_prefix: ipv4_prefix?,
+        ipv6_prefix: ipv6_prefix?,
+    })
+}
+
+/// Checks `[attributes]`: each name goes into store keys (`at.NAME`) and each pattern
+/// must compile.
+pub fn compile_attributes(
+    d: &mut Diag,
+    _at: &Range<usize>,
+    raw: &RawAttributes,
+) -> Option<BTreeMap<Arc<str>, Attribute>> {
+    let mut out = Some(BTreeMap::new());
+    for (name, entry) in &raw.0 {
+        let path = format!("attributes.{}", name.get_ref());
+        let name_ok = d.key_name(&path, "attribute name", name);
+        let re = pattern(d, &format!("{path}.pattern"), entry.get_ref());
+        out = match (out, re) {
+            (Some(mut all), Some(pattern)) if name_ok => {
+                all.insert(name.get_ref().as_str().into(), Attribute { pattern });
+                Some(all)
+            }
+            _ => None,
+        };
+    }
+    out
 }
 
 /// The regex error on one line: its own text spans several, with a caret diagram.

@@ -14,7 +14,7 @@ use super::{RawFile, RawScene, Source};
 use crate::rules::RuleError;
 
 /// The keys a rule file may hold at its top level.
-const TOP_LEVEL: &str = "scene.NAME, [trust] and [validation]";
+const TOP_LEVEL: &str = "scene.NAME, [trust], [validation], [network] and [attributes]";
 
 /// Parses `src` into its parts, with every problem found on the way.
 ///
@@ -43,6 +43,14 @@ pub fn parse_file(src: &Source<'_>) -> (RawFile, Vec<RuleError>) {
             "validation" => {
                 let validation = read(src, "validation", value, &mut errors);
                 file.validation = Some(Spanned::new(key_span, validation));
+            }
+            "network" => {
+                let network = read(src, "network", value, &mut errors);
+                file.network = Some(Spanned::new(key_span, network));
+            }
+            "attributes" => {
+                let attributes = read(src, "attributes", value, &mut errors);
+                file.attributes = Some(Spanned::new(key_span, attributes));
             }
             other => errors.push(src.error(
                 &key_span,

@@ -53,13 +53,10 @@ fn limit_names_are_unique_in_a_scene() {
 }
 
 #[test]
-fn dimensions_must_not_be_empty() {
-    breaks(
-        "dimensions = [\"ip\"]",
-        "dimensions = []",
-        "scene.s.limits[1].dimensions",
-        &["is empty"],
-    );
+fn no_dimensions_is_one_budget_for_the_scene() {
+    let text = base_with("dimensions = [\"ip\"]", "dimensions = []");
+    let dims = ok(&text).scene("s").map(|s| s.limits[1].dimensions.clone());
+    assert_eq!(dims, Some(vec![]));
 }
 
 #[test]
@@ -90,7 +87,7 @@ fn dimensions_must_be_required_by_the_scene() {
         "scene.s.limits[1].dimensions[1]",
         &[
             "\"device\" is not in scene.s.required",
-            "add it to required",
+            "add \"device\" to required",
         ],
     );
 }

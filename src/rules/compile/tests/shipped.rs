@@ -140,7 +140,15 @@ fn shipped_bench_matches_the_peer() {
     let b = rules.scene("bench").expect("bench");
     assert_eq!(b.on_store_error, StoreErrorPolicy::FailOpen);
     assert!(b.gateway.is_none());
-    assert_eq!(b.required, Dimension::ALL);
+    assert_eq!(
+        b.required,
+        [
+            Dimension::User,
+            Dimension::Device,
+            Dimension::Ip,
+            Dimension::Activity
+        ]
+    );
     let limits: Vec<_> = b
         .limits
         .iter()
