@@ -1,8 +1,8 @@
 //! The effective max of a limit for one request: the max the store compares against.
 //!
 //! Three things move it, applied in this order:
-//! 1. a CIDR override for the request's IP replaces the limit's own max (the most specific
-//!    range wins) — a campus NAT gets room, nobody else does;
+//! 1. a CIDR override for the request's IP replaces the max of a limit counted per `ip` or
+//!    `net` (the most specific range wins) — a campus NAT gets room, nobody else does;
 //! 2. a new account (`[trust].new_account`) scales the max of limits counted *per user*
 //!    by `max_factor`, rounded down and never below 1 — a young account gets less, but
 //!    limits shared with other people (an IP, an activity) are not cut for them;
@@ -38,7 +38,11 @@ pub fn effective_max(scene: &Scene, limit: &Limit, ip: Option<IpAddr>, adjust: &
 }
 
 fn overridden_max(scene: &Scene, limit: &Limit, ip: Option<IpAddr>) -> u64 {
-    let Some(ip) = ip.filter(|_| limit.dimensions.contains(&Dimension::Ip)) else {
+    let on_address = limit
+        .dimensions
+        .iter()
+        .any(|d| matches!(d, Dimension::Ip | Dimension::Net));
+    let Some(ip) = ip.filter(|_| on_address) else {
         return limit.max;
     };
     scene
@@ -107,6 +111,18 @@ mod tests {
         assert_eq!(effective_max(&s, &ip_limit, ip("10.9.1.1"), &none), 100);
         assert_eq!(effective_max(&s, &ip_limit, ip("192.0.2.1"), &none), 20);
         assert_eq!(effective_max(&s, &ip_limit, None, &none), 20);
+        // A limit per network takes the range's max too.
+        let net_limit = limit("ip_1m", &[Dimension::Net], 20, false);
+        let s = scene(
+            vec![net_limit.clone()],
+            vec![Override {
+                cidr: "10.8.0.0/16".parse().unwrap(),
+                limit: "ip_1m".into(),
+                max: 600,
+            }],
+        );
+        assert_eq!(effective_max(&s, &net_limit, ip("10.8.1.1"), &none), 600);
+        assert_eq!(effective_max(&s, &net_limit, ip("192.0.2.1"), &none), 20);
     }
 
     #[test]
