@@ -10,6 +10,7 @@ pub mod check;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod decide;
 pub mod http;
 pub mod metrics;
 pub mod record;

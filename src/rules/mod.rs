@@ -244,6 +244,98 @@ pub struct Gateway {
     pub burst: u32,
 }
 
+/// What a signal counts, per entity, within its window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Count {
+    /// Distinct users.
+    Users,
+    /// Distinct devices.
+    Devices,
+    /// Distinct addresses.
+    Ips,
+    /// Distinct networks (`net`).
+    Nets,
+    /// Changes of user (on a device, typically).
+    UserSwitches,
+    /// Requests.
+    Requests,
+}
+
+impl Count {
+    pub const ALL: [Count; 6] = [
+        Count::Users,
+        Count::Devices,
+        Count::Ips,
+        Count::Nets,
+        Count::UserSwitches,
+        Count::Requests,
+    ];
+
+    /// The name used in rule files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Count::Users => "users",
+            Count::Devices => "devices",
+            Count::Ips => "ips",
+            Count::Nets => "nets",
+            Count::UserSwitches => "user_switches",
+            Count::Requests => "requests",
+        }
+    }
+
+    /// The dimension whose values are counted (`None` for requests).
+    pub fn counted(self) -> Option<Dimension> {
+        match self {
+            Count::Users | Count::UserSwitches => Some(Dimension::User),
+            Count::Devices => Some(Dimension::Device),
+            Count::Ips => Some(Dimension::Ip),
+            Count::Nets => Some(Dimension::Net),
+            Count::Requests => None,
+        }
+    }
+}
+
+/// Which requests a limit or signal counts, and applies to (`where`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Filter {
+    /// The user is younger than `[trust].new_account.younger_than`.
+    NewAccount,
+    /// The device was first seen less than `[trust].new_device.younger_than` ago.
+    NewDevice,
+    /// The user holds no trust points.
+    Untrusted,
+}
+
+impl Filter {
+    pub const ALL: [Filter; 3] = [Filter::NewAccount, Filter::NewDevice, Filter::Untrusted];
+
+    /// The name used in rule files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Filter::NewAccount => "new_account",
+            Filter::NewDevice => "new_device",
+            Filter::Untrusted => "untrusted",
+        }
+    }
+}
+
+/// One rolling signal: `count` per `per`, over the requests `filter` lets through, within
+/// `window_ms`; it fires when its value (the current request included) exceeds `max` and,
+/// with `min_share`, the matching ones are at least that share of all counted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Signal {
+    /// Unique within the scene; `[A-Za-z0-9_]+` (it goes into store keys).
+    pub name: String,
+    pub count: Count,
+    /// `[]` is the whole scene.
+    pub per: Vec<Dimension>,
+    pub filter: Option<Filter>,
+    pub window_ms: u64,
+    pub max: u64,
+    /// In (0, 1]; only with a filter.
+    pub min_share: Option<f64>,
+}
+
 /// A rolling behaviour signal threshold (issue 4): `max` within `window_ms`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SignalRule {

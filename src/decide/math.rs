@@ -1,0 +1,271 @@
+//! The arithmetic of a decision, shared by both deciders: the embedded one calls these
+//! functions, and `lua/decide.lua` mirrors them step for step (the behaviour suite, run on
+//! both, holds them to the same answers). Pure functions of their arguments.
+
+use super::{Facts, LimitPlan, ScorePlan, SignalValue, TrustPlan};
+use crate::rules::Filter;
+
+/// Scores are compared after rounding to this many decimal places, so weights written as
+/// decimals add up as they read (0.6 + 0.1 reaches a threshold of 0.7).
+pub const SCORE_DECIMALS: f64 = 1e9;
+
+/// The most members any signal set keeps, whatever its max and share ask: memory per
+/// entity stays bounded even for an absurd rule.
+pub const MAX_CAP: u64 = 10_000;
+
+/// Was something born at `born_ms` younger than `younger_than_ms` at `now_ms`?
+pub fn is_young(born_ms: u64, now_ms: u64, younger_than_ms: u64) -> bool {
+    now_ms.saturating_sub(born_ms) < younger_than_ms
+}
+
+/// Does a request with these facts pass `filter`? An unknown age is not young.
+pub fn passes(filter: Filter, facts: &Facts) -> bool {
+    match filter {
+        Filter::NewAccount => facts.new_account == Some(true),
+        Filter::NewDevice => facts.new_device == Some(true),
+        Filter::Untrusted => facts.points == 0,
+    }
+}
+
+/// How many members a signal's set keeps. A value only has to be exact up to `max + 1`
+/// (past it, the signal fires whatever the true count). With `min_share`, the share is
+/// taken over the most recently seen members of both sets, so enough of them are kept
+/// that a share at the line can still exceed `max`: twice `(max + 1) / min_share`.
+pub fn signal_cap(max: u64, min_share: Option<f64>) -> u64 {
+    let plain = max.saturating_add(1);
+    let cap = match min_share {
+        Some(share) if share > 0.0 => {
+            let wanted = (2.0 * plain as f64 / share).ceil();
+            if wanted >= MAX_CAP as f64 {
+                MAX_CAP
+            } else {
+                (wanted as u64).max(plain)
+            }
+        }
+        _ => plain,
+    };
+    cap.clamp(1, MAX_CAP)
+}
+
+/// Whether a signal fires: it applies, its value exceeds `max`, and (with `min_share`)
+/// the matching ones are at least that share of all.
+pub fn fires(
+    applies: bool,
+    value: u64,
+    max: u64,
+    share: Option<f64>,
+    min_share: Option<f64>,
+) -> bool {
+    applies
+        && value > max
+        && match min_share {
+            Some(min) => share.is_some_and(|s| s >= min),
+            None => true,
+        }
+}
+
+/// The share of `matching` in `all`, rounded to 1e-9 like the score (0 of nothing).
+pub fn share(matching: u64, all: u64) -> f64 {
+    if all == 0 {
+        return 0.0;
+    }
+    round(matching as f64 / all as f64)
+}
+
+fn round(x: f64) -> f64 {
+    (x * SCORE_DECIMALS).round() / SCORE_DECIMALS
+}
+
+/// The score, and whether it denies: fired signals' weights in plan order, then
+/// `new_account`'s, minus `points * discount`, clamped to [0, 1] and rounded to 1e-9.
+/// Without a plan nothing is weighed (the score is 0) and nothing is denied.
+pub fn score(
+    plan: Option<&ScorePlan>,
+    signals: &[SignalValue],
+    facts: &Facts,
+    discount_per_point: f64,
+) -> (f64, bool) {
+    let Some(plan) = plan else {
+        return (0.0, false);
+    };
+    let mut raw = 0.0;
+    for (signal, weight) in signals.iter().zip(&plan.weights) {
+        if signal.fired {
+            raw += weight;
+        }
+    }
+    if let (Some(weight), Some(true)) = (plan.new_account_weight, facts.new_account) {
+        raw += weight;
+    }
+    let discount = f64::from(facts.points) * discount_per_point;
+    let score = round((raw - discount).clamp(0.0, 1.0));
+    (score, score >= plan.silent_deny_at)
+}
+
+/// The max a limit holds this request to: a new account gets `max_factor` of a per-user
+/// limit (rounded down, never below 1), then trust points add `points * bonus_per_point`
+/// to a `trust_bonus` limit.
+pub fn effective_max(limit: &LimitPlan, facts: &Facts, trust: Option<&TrustPlan>) -> u64 {
+    let mut max = limit.base_max;
+    let Some(trust) = trust else {
+        return max;
+    };
+    if let (Some((_, factor)), Some(true)) = (trust.new_account, facts.new_account) {
+        if limit.per_user {
+            // Float math on counts up to 2^53 is exact enough; `as` saturates.
+            max = ((max as f64 * factor).floor() as u64).max(1);
+        }
+    }
+    if limit.trust_bonus {
+        max = max.saturating_add(u64::from(facts.points) * u64::from(trust.bonus_per_point));
+    }
+    max
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::Algorithm;
+
+    fn fired(weights_fired: &[bool]) -> Vec<SignalValue> {
+        weights_fired
+            .iter()
+            .map(|&fired| SignalValue {
+                applies: true,
+                value: 0,
+                share: None,
+                fired,
+            })
+            .collect()
+    }
+
+    fn plan(weights: &[f64], new_account: Option<f64>, at: f64) -> ScorePlan {
+        ScorePlan {
+            weights: weights.to_vec(),
+            new_account_weight: new_account,
+            silent_deny_at: at,
+        }
+    }
+
+    #[test]
+    fn weights_add_as_written_the_line_is_inclusive_and_trust_discounts() {
+        let p = plan(&[0.6, 0.1, 0.5], Some(0.2), 0.7);
+        let none = Facts::default();
+        assert_eq!(
+            score(Some(&p), &fired(&[true, true, false]), &none, 0.1),
+            (0.7, true)
+        );
+        assert_eq!(
+            score(Some(&p), &fired(&[true, false, false]), &none, 0.1),
+            (0.6, false)
+        );
+        let young = Facts {
+            new_account: Some(true),
+            ..Facts::default()
+        };
+        assert_eq!(
+            score(Some(&p), &fired(&[false, false, true]), &young, 0.1),
+            (0.7, true)
+        );
+        let trusted = Facts { points: 2, ..young };
+        assert_eq!(
+            score(Some(&p), &fired(&[true, true, true]), &trusted, 0.1),
+            (1.0, true)
+        );
+        assert_eq!(
+            score(Some(&p), &fired(&[true, false, false]), &trusted, 0.1),
+            (0.6, false)
+        );
+        assert_eq!(
+            score(Some(&p), &fired(&[false, false, false]), &trusted, 0.5),
+            (0.0, false)
+        );
+        assert_eq!(
+            score(None, &fired(&[true, true, true]), &young, 0.0),
+            (0.0, false)
+        );
+    }
+
+    #[test]
+    fn a_filter_passes_only_what_is_known() {
+        let unknown = Facts::default();
+        assert!(!passes(Filter::NewAccount, &unknown));
+        assert!(!passes(Filter::NewDevice, &unknown));
+        assert!(passes(Filter::Untrusted, &unknown));
+        let f = Facts {
+            points: 1,
+            new_account: Some(true),
+            new_device: Some(false),
+        };
+        assert!(passes(Filter::NewAccount, &f));
+        assert!(!passes(Filter::NewDevice, &f));
+        assert!(!passes(Filter::Untrusted, &f));
+    }
+
+    #[test]
+    fn caps_keep_verdicts_exact_and_stay_bounded() {
+        assert_eq!(signal_cap(3, None), 4);
+        assert_eq!(signal_cap(0, None), 1);
+        assert_eq!(signal_cap(5, Some(0.5)), 24);
+        assert_eq!(signal_cap(5, Some(1.0)), 12);
+        assert_eq!(signal_cap(1_000_000, None), MAX_CAP);
+        assert_eq!(signal_cap(50, Some(0.001)), MAX_CAP);
+    }
+
+    #[test]
+    fn a_signal_fires_past_its_max_and_at_its_share() {
+        assert!(!fires(true, 3, 3, None, None));
+        assert!(fires(true, 4, 3, None, None));
+        assert!(!fires(false, 9, 3, None, None));
+        assert!(fires(true, 6, 5, Some(0.5), Some(0.5)));
+        assert!(!fires(true, 6, 5, Some(0.49), Some(0.5)));
+        assert_eq!(share(1, 3), 0.333333333);
+        assert_eq!(share(0, 0), 0.0);
+    }
+
+    #[test]
+    fn new_accounts_get_a_share_of_per_user_limits_and_trust_adds() {
+        let limit = |per_user, trust_bonus| LimitPlan {
+            key: "k".into(),
+            algorithm: Algorithm::SlidingWindow,
+            window_ms: 1000,
+            base_max: 5,
+            per_user,
+            trust_bonus,
+            retain_ms: 1000,
+            filter: None,
+        };
+        let trust = TrustPlan {
+            points_key: None,
+            user_seen_key: None,
+            device_seen_key: None,
+            user_created_ms: None,
+            seen_ttl_ms: 1,
+            max_points: 3,
+            bonus_per_point: 2,
+            discount_per_point: 0.0,
+            new_account: Some((1000, 0.5)),
+            new_device_ms: None,
+        };
+        let young = Facts {
+            points: 1,
+            new_account: Some(true),
+            new_device: None,
+        };
+        assert_eq!(effective_max(&limit(true, false), &young, Some(&trust)), 2);
+        assert_eq!(effective_max(&limit(false, false), &young, Some(&trust)), 5);
+        assert_eq!(effective_max(&limit(true, true), &young, Some(&trust)), 4);
+        assert_eq!(effective_max(&limit(true, true), &young, None), 5);
+        let tiny = LimitPlan {
+            base_max: 1,
+            ..limit(true, false)
+        };
+        assert_eq!(
+            effective_max(&tiny, &young, Some(&trust)),
+            1,
+            "never below 1"
+        );
+        assert!(is_young(0, 999, 1000));
+        assert!(!is_young(0, 1000, 1000));
+    }
+}

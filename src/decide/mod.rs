@@ -1,0 +1,213 @@
+//! The decision's one step: trust, signals, score and limits, where the windows are.
+//!
+//! The check path turns a request and its scene into a [`CheckPlan`] — every key, every
+//! threshold, every weight, already resolved from the rules — and hands it to a
+//! [`Decider`]. The decider answers with a [`Decided`]: what it learnt about the user and
+//! device ([`Facts`]), every signal's value, the score, and the limits' states, or that the
+//! request was a repeat. It never sees a rule file, and the check path never sees a key's
+//! contents.
+//!
+//! Two deciders, the same answers (one behaviour suite runs against both):
+//! - Redis: one EVALSHA of `lua/decide.lua` reads trust, records and counts every signal,
+//!   scores, then evaluates and records every limit all-or-nothing. Every node sharing the
+//!   Redis sees every observation.
+//! - Embedded: the sled ledger, then the behaviour actors (signals), then the embedded
+//!   window store, in that order, on this node.
+//!
+//! The order inside one decision, and why:
+//! 1. **Facts**: the user's trust points (capped), whether the user and the device are new.
+//!    A user or device never seen is recorded as seen now (unless a dry run).
+//! 2. **Signals**, in plan order. Each observes the request — before the score, so an
+//!    attacker's denied tries still count against them — and answers its value.
+//! 3. **Score**: weights of fired signals (and `new_account`), minus trust. At the line,
+//!    the answer is a silent deny and no limit is touched: a denied request consumes no
+//!    quota anywhere.
+//! 4. **Limits**: each evaluated against its effective max (new-account factor, trust
+//!    bonus); one exceeded and none records; otherwise all record.
+//!
+//! [`math`] holds the arithmetic both deciders share (the embedded decider calls it; the
+//! Lua script mirrors it line for line): filters, caps, the score, the effective max.
+
+pub mod math;
+
+use crate::rules::{Algorithm, Count, Filter};
+use crate::store::{LimitState, StoreError};
+
+/// Everything one check asks of a decider.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckPlan {
+    /// `<prefix>:<scene>:req:<request_id>`: the request's record (repeat detection, refund).
+    pub record_key: String,
+    /// `<prefix>:<scene>:idem:<key>`, when the check carries an idempotency key.
+    pub idempotency_key: Option<String>,
+    pub request_id: String,
+    /// How long the request and idempotency records live (the longest window, >= 1 s).
+    pub record_ttl_ms: u64,
+    /// Decide as if recording, record nothing (no sighting, no signal, no limit).
+    pub dry_run: bool,
+    /// `None` when the rule set has no `[trust]`: no points, no ages, no trust filters.
+    pub trust: Option<TrustPlan>,
+    pub signals: Vec<SignalPlan>,
+    /// `None` when the scene has no `[score]`: signals are reported, nothing is denied.
+    pub score: Option<ScorePlan>,
+    pub limits: Vec<LimitPlan>,
+}
+
+/// What to read about the user and the device, and how to weigh it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrustPlan {
+    /// `<prefix>:trust-points:uid:<user>`: a ZSET, member `<points>:<type>:<event_id>`,
+    /// score = expiry ms. `None` without a user.
+    pub points_key: Option<String>,
+    /// `<prefix>:user-seen:uid:<user>`: unix ms of the first sighting. `None` without a
+    /// user, or when no rule asks a user's age.
+    pub user_seen_key: Option<String>,
+    /// `<prefix>:device-seen:did:<device>`: unix ms of the device's first sighting.
+    /// `None` without a device, or when no rule asks a device's age.
+    pub device_seen_key: Option<String>,
+    /// `user_created_at` of the check, ms: the user's age comes from it, not the sighting.
+    pub user_created_ms: Option<u64>,
+    /// How long a sighting is kept after the last one (refreshed on each).
+    pub seen_ttl_ms: u64,
+    pub max_points: u32,
+    pub bonus_per_point: u32,
+    pub discount_per_point: f64,
+    /// `[trust].new_account`: `(younger_than_ms, max_factor)`.
+    pub new_account: Option<(u64, f64)>,
+    /// `[trust].new_device.younger_than`, ms.
+    pub new_device_ms: Option<u64>,
+}
+
+/// One signal of the scene, resolved for this request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SignalPlan {
+    /// The signal's name (for reports).
+    pub name: String,
+    /// `<prefix>:<scene>:sg:<signal>[:<dims>]`: the set of what is counted, for the
+    /// requests the filter lets through.
+    pub key: String,
+    /// `<prefix>:<scene>:sa:<signal>[:<dims>]`, with `min_share`: the same count over
+    /// every request, matching or not.
+    pub all_key: Option<String>,
+    /// `<prefix>:<scene>:sl:<signal>[:<dims>]`, for `user_switches`: the last user seen.
+    pub last_key: Option<String>,
+    pub count: Count,
+    /// What this request adds to the set: the hash of the counted value (users, devices,
+    /// ips, nets; `user_switches`: the user) as 16 hex digits, or the request id
+    /// (`requests`).
+    pub member: String,
+    pub filter: Option<Filter>,
+    pub window_ms: u64,
+    pub max: u64,
+    pub min_share: Option<f64>,
+    /// The most members a set keeps (see [`math::signal_cap`]).
+    pub cap: u64,
+}
+
+/// The scene's `[score]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScorePlan {
+    /// Weight of each signal, parallel to [`CheckPlan::signals`] (0 when unweighted).
+    pub weights: Vec<f64>,
+    /// The weight of `new_account`, if the scene gives it one.
+    pub new_account_weight: Option<f64>,
+    pub silent_deny_at: f64,
+}
+
+/// One limit, resolved for this request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitPlan {
+    pub key: String,
+    pub algorithm: Algorithm,
+    pub window_ms: u64,
+    /// The limit's max after any CIDR override; the decider applies the new-account
+    /// factor and the trust bonus (they depend on facts it reads).
+    pub base_max: u64,
+    /// Counted per user: a new account gets `max_factor` of it.
+    pub per_user: bool,
+    /// Trust points raise it.
+    pub trust_bonus: bool,
+    /// Sliding windows: the longest window of any sliding limit sharing `key`.
+    pub retain_ms: u64,
+    /// The limit counts, and applies to, matching requests only.
+    pub filter: Option<Filter>,
+}
+
+/// What the decider learnt about the user and the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// Unexpired trust points, capped by `max_points`.
+    pub points: u32,
+    /// `None` without `[trust].new_account` or without a user.
+    pub new_account: Option<bool>,
+    /// `None` without `[trust].new_device` or without a device.
+    pub new_device: Option<bool>,
+}
+
+/// One signal's answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SignalValue {
+    /// The request matched the signal's filter (always, without one): the signal observed
+    /// it and applies to it. A signal that does not apply has no value and cannot fire.
+    pub applies: bool,
+    /// Distinct members (or switches, or requests) in the window, this request included;
+    /// exact up to the set's cap, the cap past it.
+    pub value: u64,
+    /// With `min_share`: `value` over the same count of every request.
+    pub share: Option<f64>,
+    /// `applies`, `value > max`, and the share at least `min_share`.
+    pub fired: bool,
+}
+
+/// One limit's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitValue {
+    /// The request matched the limit's filter: the limit was evaluated (and, on an allow,
+    /// counted the request).
+    pub applies: bool,
+    /// The max it was held to (after the new-account factor and the trust bonus).
+    pub max: u64,
+    pub state: LimitState,
+}
+
+/// What a decider answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decided {
+    /// The request id or idempotency key was counted before: nothing was read or written.
+    /// `of` is the request id that was counted.
+    Duplicate { of: String },
+    /// Decided: facts, every signal (parallel to the plan's), the score; then either a
+    /// score deny (no limit touched: `limits` empty) or the limits (parallel to the
+    /// plan's).
+    Judged(Judgement),
+}
+
+/// A decision that was not a repeat.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judgement {
+    pub facts: Facts,
+    pub signals: Vec<SignalValue>,
+    /// In [0, 1], rounded to 1e-9.
+    pub score: f64,
+    pub outcome: Outcome,
+}
+
+/// How the judgement ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The score reached `silent_deny_at`: no limit was evaluated or recorded.
+    ScoreDeny,
+    /// Every applying limit had room: the request is recorded in all of them (unless a
+    /// dry run). `limits` is parallel to the plan's.
+    Allowed { limits: Vec<LimitValue> },
+    /// At least one applying limit was full: nothing recorded in any limit.
+    Denied { limits: Vec<LimitValue> },
+}
+
+/// The decision's one step (see the module doc).
+#[async_trait::async_trait]
+pub trait Decider: Send + Sync + 'static {
+    /// Decides one check. An error means the decider could not answer (the scene's
+    /// `on_store_error` decides then); a deny is a value.
+    async fn decide(&self, plan: &CheckPlan) -> Result<Decided, StoreError>;
+}
