@@ -134,6 +134,7 @@ mod tests {
             max: 1,
             layer: Layer::Business,
             trust_bonus: false,
+            filter: None,
         }
     }
 

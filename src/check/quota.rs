@@ -67,6 +67,7 @@ mod tests {
             max,
             layer: Layer::Business,
             trust_bonus,
+            filter: None,
         }
     }
 
@@ -80,6 +81,7 @@ mod tests {
             limits,
             overrides,
             behaviour: Behaviour::default(),
+            signals: vec![],
             score: None,
         }
     }

@@ -126,6 +126,7 @@ mod tests {
             gateway: None,
             limits: vec![],
             overrides: vec![],
+            signals: vec![],
             behaviour: Behaviour {
                 accounts_per_device: rule(3),
                 account_switches: rule(2),
@@ -150,6 +151,7 @@ mod tests {
             bonus_per_point: 1,
             score_discount_per_point: discount,
             new_account: None,
+            new_device: None,
         }
     }
 

@@ -28,7 +28,7 @@ use super::load::{sorted, version_of};
 use super::raw::{key_segment, parse_file, RawFile, Source};
 use super::{RuleError, RuleErrors, RuleSet, Scene, Validation};
 use diag::Diag;
-use scene::{compile_scene, NewAccountKnown, SetFacts};
+use scene::{compile_scene, NewAccountKnown, SetFacts, TrustShape};
 
 /// Compiles rule files given as `(display path, contents)` into one rule set.
 ///
@@ -81,6 +81,7 @@ pub fn compile_files(files: &[(String, String)]) -> Result<RuleSet, RuleErrors> 
     let facts = SetFacts {
         new_account: new_account_known(&parsed),
         attributes: attributes_known(&parsed),
+        trust: trust_shape(&parsed),
     };
     let scenes = compile_scenes(&parsed, &facts, &mut errors);
 
@@ -147,6 +148,18 @@ fn new_account_known(parsed: &[(Source<'_>, RawFile)]) -> NewAccountKnown {
         }
     }
     known
+}
+
+/// What `[trust]` configures; `None` when a broken one hides it.
+fn trust_shape(parsed: &[(Source<'_>, RawFile)]) -> Option<TrustShape> {
+    let mut shape = TrustShape::default();
+    for section in parsed.iter().filter_map(|(_, f)| f.trust.as_ref()) {
+        let t = section.get_ref().as_ref()?;
+        shape.present = true;
+        shape.new_account |= t.new_account.is_some();
+        shape.new_device |= t.new_device.is_some();
+    }
+    Some(shape)
 }
 
 /// The attribute names `[attributes]` declares; `None` when a broken one hides them.

@@ -223,6 +223,8 @@ pub struct Limit {
     pub layer: Layer,
     /// Trust points may raise `max` (issue 4).
     pub trust_bonus: bool,
+    /// `where`: the limit counts, and applies to, matching requests only.
+    pub filter: Option<Filter>,
 }
 
 /// A CIDR range whose IP-limited traffic gets a different max (a campus or office NAT).
@@ -373,6 +375,9 @@ pub struct Scene {
     pub limits: Vec<Limit>,
     pub overrides: Vec<Override>,
     pub behaviour: Behaviour,
+    /// Every signal: the `[behaviour]` shorthands first (in their fixed order), then
+    /// `[[signals]]` in file order.
+    pub signals: Vec<Signal>,
     pub score: Option<Score>,
 }
 
@@ -399,6 +404,13 @@ pub struct Trust {
     pub bonus_per_point: u32,
     pub score_discount_per_point: f64,
     pub new_account: Option<NewAccount>,
+    pub new_device: Option<NewDevice>,
+}
+
+/// `[trust].new_device`: devices first seen recently.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NewDevice {
+    pub younger_than_ms: u64,
 }
 
 /// Users first seen recently get stricter limits.

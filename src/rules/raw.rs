@@ -55,6 +55,8 @@ pub struct RawScene {
     pub limits: Vec<Option<RawLimit>>,
     /// In file order; `None` for an entry that could not be read.
     pub overrides: Vec<Option<RawOverride>>,
+    /// `[[scene.NAME.signals]]` in file order; `None` for an entry that could not be read.
+    pub signals: Vec<Option<RawSignalEntry>>,
     pub behaviour: Option<RawBehaviour>,
     pub score: Option<RawScore>,
     /// False when any part of the scene could not be read.
@@ -93,6 +95,24 @@ pub struct RawLimit {
     pub layer: Option<Text>,
     #[serde(default)]
     pub trust_bonus: bool,
+    /// `where`: the limit counts, and applies to, matching requests only.
+    #[serde(rename = "where")]
+    pub filter: Option<Text>,
+}
+
+/// One `[[scene.NAME.signals]]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a signal table")]
+pub struct RawSignalEntry {
+    pub name: Text,
+    pub count: Text,
+    pub per: Spanned<Vec<Text>>,
+    /// `where`: the signal counts, and applies to, matching requests only.
+    #[serde(rename = "where")]
+    pub filter: Option<Text>,
+    pub window: Text,
+    pub max: Int,
+    pub min_share: Option<Spanned<f64>>,
 }
 
 /// One `[[scene.NAME.overrides]]` entry.
@@ -141,6 +161,14 @@ pub struct RawTrust {
     pub bonus_per_point: Option<Int>,
     pub score_discount_per_point: Option<Spanned<f64>>,
     pub new_account: Option<Spanned<RawNewAccount>>,
+    pub new_device: Option<Spanned<RawNewDevice>>,
+}
+
+/// `new_device = { younger_than = ".." }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table { younger_than }")]
+pub struct RawNewDevice {
+    pub younger_than: Text,
 }
 
 /// `{ points = N, ttl = ".." }` of one trust event kind.

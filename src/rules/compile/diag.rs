@@ -10,7 +10,7 @@ use toml::Spanned;
 
 use super::scene::SetFacts;
 use crate::rules::raw::{Int, Source, Text};
-use crate::rules::{parse_duration_ms, Dimension, RuleError};
+use crate::rules::{parse_duration_ms, Dimension, Filter, RuleError};
 
 /// Collects the errors of one source file.
 pub struct Diag<'s, 'e> {
@@ -143,6 +143,30 @@ impl<'s, 'e> Diag<'s, 'e> {
             Some(_) => {}
         }
         dim
+    }
+
+    /// A `where` filter the rule set can evaluate: `untrusted` needs `[trust]`,
+    /// `new_account` and `new_device` their `[trust]` entries.
+    pub fn filter(&mut self, path: &str, value: &Text, facts: &SetFacts) -> Option<Filter> {
+        let choices = Filter::ALL.map(|f| (f.name(), f));
+        let filter = self.choice(path, value, &choices)?;
+        let shape = facts.trust?;
+        let missing = match filter {
+            Filter::Untrusted if !shape.present => "[trust] (trust points)",
+            Filter::NewAccount if !shape.new_account => {
+                "[trust].new_account = { younger_than, max_factor }"
+            }
+            Filter::NewDevice if !shape.new_device => "[trust].new_device = { younger_than }",
+            _ => return Some(filter),
+        };
+        self.at(
+            &value.span(),
+            format!(
+                "{path}: \"{}\" needs {missing} in the rule set",
+                filter.name()
+            ),
+        );
+        None
     }
 
     /// A name that can go into a store key: 1 to 64 of `[A-Za-z0-9_]`.

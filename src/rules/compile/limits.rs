@@ -85,6 +85,10 @@ fn compile_limit(
         Some(layer) => d.choice(&format!("{path}.layer"), layer, &LAYERS),
         None => Some(Layer::Business),
     };
+    let filter = match &raw.filter {
+        Some(f) => d.filter(&format!("{path}.where"), f, facts).map(Some),
+        None => Some(None),
+    };
     if !name_ok {
         return None;
     }
@@ -96,6 +100,7 @@ fn compile_limit(
         max: max?,
         layer: layer?,
         trust_bonus: raw.trust_bonus,
+        filter: filter?,
     })
 }
 

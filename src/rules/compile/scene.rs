@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use super::diag::Diag;
 use super::limits::{compile_limits, compile_overrides};
-use super::signals::{compile_behaviour, compile_score};
+use super::signals::{compile_behaviour, compile_score, compile_signals};
 use crate::rules::raw::{key_segment, RawGateway, RawScene, RawSceneHead};
 use crate::rules::{Behaviour, Dimension, Gateway, Scene, StoreErrorPolicy};
 
@@ -25,6 +25,16 @@ pub struct SetFacts {
     pub new_account: NewAccountKnown,
     /// The names `[attributes]` declares.
     pub attributes: Option<BTreeSet<String>>,
+    /// What `[trust]` configures, which decides the `where` filters a rule may use.
+    pub trust: Option<TrustShape>,
+}
+
+/// Which parts of `[trust]` exist.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrustShape {
+    pub present: bool,
+    pub new_account: bool,
+    pub new_device: bool,
 }
 
 /// Checks one scene, reporting every problem; `Some` only when it is wholly valid.
@@ -43,6 +53,14 @@ pub fn compile_scene(d: &mut Diag, raw: &RawScene, facts: &SetFacts) -> Option<S
         Some(b) => compile_behaviour(d, &path, b),
         None => Some(Behaviour::default()),
     };
+    let signals = compile_signals(
+        d,
+        &path,
+        raw,
+        behaviour.as_ref(),
+        required.as_deref(),
+        facts,
+    );
     let score = raw
         .score
         .as_ref()
@@ -62,6 +80,7 @@ pub fn compile_scene(d: &mut Diag, raw: &RawScene, facts: &SetFacts) -> Option<S
         limits,
         overrides: overrides?,
         behaviour: behaviour?,
+        signals: signals?,
         score: score.map_or(Some(None), |s| s.map(Some))?,
     })
 }

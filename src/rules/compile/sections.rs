@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::rules::raw::{
     RawAttributes, RawAward, RawNetwork, RawNewAccount, RawPattern, RawTrust, RawValidation,
 };
-use crate::rules::{Attribute, Network, NewAccount, Trust, TrustAward, Validation};
+use crate::rules::{Attribute, Network, NewAccount, NewDevice, Trust, TrustAward, Validation};
 
 /// Checks `[trust]`; `Some` only when wholly valid.
 ///
@@ -46,6 +46,12 @@ pub fn compile_trust(d: &mut Diag, at: &Range<usize>, t: &RawTrust) -> Option<Tr
         Some(n) => new_account(d, n.get_ref()).map(Some),
         None => Some(None),
     };
+    let new_device = match &t.new_device {
+        Some(n) => d
+            .duration("trust.new_device.younger_than", &n.get_ref().younger_than)
+            .map(|younger_than_ms| Some(NewDevice { younger_than_ms })),
+        None => Some(None),
+    };
     Some(Trust {
         payment_succeeded: payment_succeeded?,
         identity_verified: identity_verified?,
@@ -53,6 +59,7 @@ pub fn compile_trust(d: &mut Diag, at: &Range<usize>, t: &RawTrust) -> Option<Tr
         bonus_per_point: bonus_per_point?,
         score_discount_per_point: score_discount_per_point?,
         new_account: new_account?,
+        new_device: new_device?,
     })
 }
 

@@ -3,6 +3,7 @@
 
 mod dimensions;
 mod fields;
+mod grammar;
 mod limits;
 mod scene;
 mod set;

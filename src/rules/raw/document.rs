@@ -93,6 +93,7 @@ fn read_scene(
         head: None,
         limits: Vec::new(),
         overrides: Vec::new(),
+        signals: Vec::new(),
         behaviour: None,
         score: None,
         complete: false,
@@ -109,6 +110,7 @@ fn read_scene(
         match key.get_ref().as_ref() {
             "limits" => scene.limits = read_each(src, &part, value, &mut complete, errors),
             "overrides" => scene.overrides = read_each(src, &part, value, &mut complete, errors),
+            "signals" => scene.signals = read_each(src, &part, value, &mut complete, errors),
             "behaviour" => {
                 scene.behaviour = read(src, &part, value, errors);
                 complete &= scene.behaviour.is_some();
@@ -128,8 +130,9 @@ fn read_scene(
         Spanned::new(body_span, DeValue::Table(head)),
         errors,
     );
-    let entries_ok =
-        scene.limits.iter().all(Option::is_some) && scene.overrides.iter().all(Option::is_some);
+    let entries_ok = scene.limits.iter().all(Option::is_some)
+        && scene.overrides.iter().all(Option::is_some)
+        && scene.signals.iter().all(Option::is_some);
     scene.complete = complete && entries_ok && scene.head.is_some();
     scene
 }

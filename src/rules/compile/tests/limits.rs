@@ -17,6 +17,7 @@ fn limits_compile_with_defaults() {
             max: 1,
             layer: Layer::Business,
             trust_bonus: false,
+            filter: None,
         }
     );
     assert_eq!(scene.limits[1].algorithm, Algorithm::FixedWindow);

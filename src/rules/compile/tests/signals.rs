@@ -16,9 +16,14 @@ silent_deny_at = 0.7
 const TRUST: &str =
     "\n[trust]\nmax_points = 3\nnew_account = { younger_than = \"7d\", max_factor = 0.5 }\n";
 
+/// BASE with the device required (the shorthands count per device) and `BEHAVIOUR`.
 fn with_signals(from: &str, to: &str) -> String {
     assert!(BEHAVIOUR.contains(from), "BEHAVIOUR has no {from:?}");
-    format!("{BASE}{}", BEHAVIOUR.replacen(from, to, 1))
+    let base = base_with(
+        "required = [\"user\", \"ip\"]",
+        "required = [\"user\", \"ip\", \"device\"]",
+    );
+    format!("{base}{}", BEHAVIOUR.replacen(from, to, 1))
 }
 
 fn breaks_signals(from: &str, to: &str, field: &str, says: &[&str]) {
