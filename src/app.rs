@@ -9,10 +9,12 @@ use actix_web::{web, App, HttpServer};
 use arc_swap::ArcSwapOption;
 
 use crate::behaviour::{BehaviourError, Behaviours};
-use crate::check::profile::Profiler;
 use crate::check::Checker;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, StoreBackend};
+use crate::decide::embedded::EmbeddedDecider;
+use crate::decide::redis::RedisDecider;
+use crate::decide::Decider;
 use crate::http::recording::Recording;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
@@ -21,7 +23,6 @@ use crate::rules::{self, watch, Reloader, RuleErrors, RuleSet, RulesHandle, Trig
 use crate::store::breaker::Breaker;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::redis::RedisStore;
-use crate::store::redis_link::RedisLink;
 use crate::store::{StoreError, WindowStore};
 use crate::trust::{journal, Events, EventsError, RedisLedger, SledLedger, TrustLedger};
 
@@ -99,39 +100,6 @@ fn open_embedded(
     Ok(store)
 }
 
-/// The trust ledger for the backend: Redis, on the window store's connection, so every
-/// node shares it; embedded: sled, in the events journal's database (one process may
-/// open a sled folder once).
-async fn open_ledger(
-    config: &Config,
-    redis: Option<Arc<RedisLink>>,
-    db: &sled::Db,
-    clock: Arc<dyn Clock>,
-) -> Result<Arc<dyn TrustLedger>, StartError> {
-    Ok(match redis {
-        Some(link) => {
-            let ledger = RedisLedger::new(link, &config.store.key_prefix)
-                .await
-                .map_err(|source| StartError::Store {
-                    backend: "redis",
-                    url: config.store.redis_url.clone(),
-                    source,
-                })?;
-            Arc::new(match redis_clock(&clock) {
-                Some(clock) => ledger.with_clock(clock),
-                None => ledger,
-            })
-        }
-        None => Arc::new(
-            SledLedger::open(db, clock).map_err(|source| StartError::Store {
-                backend: "sled",
-                url: config.data_dir.join("events").display().to_string(),
-                source,
-            })?,
-        ),
-    })
-}
-
 /// The clock Redis scripts take "now" from: none (Redis `TIME`, so nodes agree) with the
 /// wall clock; the service's own otherwise (a test's or a simulation's).
 fn redis_clock(clock: &Arc<dyn Clock>) -> Option<Arc<dyn Clock>> {
@@ -151,6 +119,102 @@ pub struct Core {
     pub metrics: Metrics,
 }
 
+/// Where a node decides and keeps its trust.
+struct Stores {
+    /// The decision's one step.
+    decider: Arc<dyn Decider>,
+    /// The same store's windows, for refunds.
+    store: Arc<dyn WindowStore>,
+    /// The node's own decider for scenes whose policy is `local`.
+    local: Option<Arc<dyn Decider>>,
+    /// Where events award trust.
+    ledger: Arc<dyn TrustLedger>,
+    /// Embedded stores to flush at shutdown.
+    embedded: Vec<Arc<EmbeddedStore>>,
+}
+
+/// The decider and the windows it refunds on, the trust ledger events award to, and the
+/// node's own decider for scenes whose policy is `local`: embedded, all on this node (the
+/// embedded decider already is the node's own); on Redis, one script there, the ledger
+/// there, and a local decider on this node's embedded store and actors.
+async fn open_stores(
+    config: &Config,
+    purpose: Purpose,
+    clock: &Arc<dyn Clock>,
+    metrics: &Metrics,
+    behaviours: &Behaviours,
+    events_db: &sled::Db,
+    events_dir: &std::path::Path,
+) -> Result<Stores, StartError> {
+    Ok(match config.store.backend {
+        StoreBackend::Embedded => {
+            let windows = open_embedded(config, "windows", clock, purpose)?;
+            let ledger = Arc::new(SledLedger::open(events_db, clock.clone()).map_err(
+                |source| StartError::Store {
+                    backend: "sled",
+                    url: events_dir.display().to_string(),
+                    source,
+                },
+            )?);
+            let decider = EmbeddedDecider::new(
+                windows.clone(),
+                behaviours.clone(),
+                Some(ledger.clone()),
+                clock.clone(),
+            );
+            Stores {
+                decider: Arc::new(decider),
+                store: windows.clone(),
+                local: None,
+                ledger,
+                embedded: vec![windows],
+            }
+        }
+        StoreBackend::Redis => {
+            let redis_err = |source| StartError::Store {
+                backend: "redis",
+                url: config.store.redis_url.clone(),
+                source,
+            };
+            let breaker = Breaker::new("redis", config.store.breaker(), Some(metrics.clone()));
+            let redis = RedisStore::connect_with(
+                &config.store.redis_url,
+                config.store.timeout_ms,
+                Arc::new(breaker),
+            )
+            .await
+            .map_err(redis_err)?;
+            let redis = match redis_clock(clock) {
+                Some(clock) => redis.with_clock(clock),
+                None => redis,
+            };
+            let link = redis.link();
+            let decider = RedisDecider::new(link.clone(), redis_clock(clock))
+                .await
+                .map_err(redis_err)?;
+            let ledger = RedisLedger::new(link, &config.store.key_prefix)
+                .await
+                .map_err(redis_err)?;
+            let ledger = match redis_clock(clock) {
+                Some(clock) => ledger.with_clock(clock),
+                None => ledger,
+            };
+            let local = open_embedded(config, "local", clock, purpose)?;
+            // Trust lives in Redis: deciding alone, the node knows no points or ages.
+            let local_decider =
+                EmbeddedDecider::new(local.clone(), behaviours.clone(), None, clock.clone());
+            Stores {
+                decider: Arc::new(decider),
+                store: Arc::new(redis),
+                local: Some(Arc::new(local_decider)),
+                ledger: Arc::new(ledger),
+                embedded: vec![local],
+            }
+        }
+        StoreBackend::RedisCluster => return Err(StartError::Backend("redis_cluster")),
+    })
+}
+
 /// Builds the deciding parts for `ruleset` on `clock`. Starts no background task that
 /// needs a runtime (the events replayer is the caller's to spawn).
 pub async fn build_core(
@@ -160,41 +224,6 @@ pub async fn build_core(
     metrics: Metrics,
     purpose: Purpose,
 ) -> Result<Core, StartError> {
-    // The primary store, and the node's own store for scenes whose policy is `local`
-    // (with the embedded backend the primary already is the node's own).
-    let mut redis_link = None;
-    let (store, local, embedded): (Arc<dyn WindowStore>, Option<Arc<dyn WindowStore>>, _) =
-        match config.store.backend {
-            StoreBackend::Embedded => {
-                let windows = open_embedded(config, "windows", &clock, purpose)?;
-                (windows.clone(), None, vec![windows])
-            }
-            StoreBackend::Redis => {
-                let breaker = Breaker::new("redis", config.store.breaker(), Some(metrics.clone()));
-                let redis = RedisStore::connect_with(
-                    &config.store.redis_url,
-                    config.store.timeout_ms,
-                    Arc::new(breaker),
-                )
-                .await
-                .map_err(|source| StartError::Store {
-                    backend: "redis",
-                    url: config.store.redis_url.clone(),
-                    source,
-                })?;
-                let redis = match redis_clock(&clock) {
-                    Some(clock) => redis.with_clock(clock),
-                    None => redis,
-                };
-                redis_link = Some(redis.link());
-                let local = open_embedded(config, "local", &clock, purpose)?;
-                (Arc::new(redis), Some(local.clone()), vec![local])
-            }
-            StoreBackend::RedisCluster => return Err(StartError::Backend("redis_cluster")),
-        };
-    let events_dir = config.data_dir.join("events");
-    let events_db = journal::open_db(&events_dir).map_err(|e| StartError::Events(e.into()))?;
-    let ledger = open_ledger(config, redis_link, &events_db, clock.clone()).await?;
     let start = match purpose {
         Purpose::Serve => Behaviours::start,
         Purpose::Replay => Behaviours::start_local,
@@ -205,19 +234,32 @@ pub async fn build_core(
         clock.clone(),
         metrics.clone(),
     )?;
+    let events_dir = config.data_dir.join("events");
+    let events_db = journal::open_db(&events_dir).map_err(|e| StartError::Events(e.into()))?;
+    let Stores {
+        decider,
+        store,
+        local,
+        ledger,
+        embedded,
+    } = open_stores(
+        config,
+        purpose,
+        &clock,
+        &metrics,
+        &behaviours,
+        &events_db,
+        &events_dir,
+    )
+    .await?;
     let checker = Checker::new(
+        decider,
         store,
         local,
         metrics.clone(),
         &config.store.key_prefix,
         clock.clone(),
-    )
-    .with_profiler(Profiler::new(
-        Some(behaviours.clone()),
-        Some(ledger.clone()),
-        clock.clone(),
-        metrics.clone(),
-    ));
+    );
     checker.sync_rules(ruleset);
     let checker = Arc::new(checker);
     // Events apply through the checker (a rollback is a refund) and the same ledger the

@@ -88,7 +88,7 @@ pub struct AuthConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BehaviourConfig {
-    /// Actor shards per dimension (device, user, ip); entities are routed by hash.
+    /// Actor shards per family (device, user, ip, signal); entities are routed by hash.
     pub shards: usize,
     /// OS threads hosting the shards (each runs its own actix System).
     pub threads: usize,
@@ -96,7 +96,7 @@ pub struct BehaviourConfig {
     pub mailbox: usize,
     /// How long a check waits for a shard's answer before going on without that signal, ms.
     pub deadline_ms: u64,
-    /// Entities kept per dimension (split evenly over its shards); the least recently seen
+    /// Entities kept per family (split evenly over its shards); the least recently seen
     /// is evicted past it.
     pub max_entities: usize,
     /// How often each shard writes changed entities to sled, ms (and always at shutdown).

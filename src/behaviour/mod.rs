@@ -15,10 +15,17 @@
 //! [`state`] is the math those actors run: plain data and functions, testable without an
 //! actix System, with memory accounting and a compact snapshot encoding. `shard` wraps it
 //! in the actor; `pool` starts, routes, snapshots and stops the shards.
+//!
+//! Signals are being generalised into one grammar (`count × per × where × window`,
+//! `decide::SignalPlan`): [`signal`] is the state of one signal key, the same semantics
+//! as `lua/decide.lua`'s, held by a fourth family of shards routed by the hash of the
+//! plan's key and asked through [`Behaviours::signals`]. The four hand-coded kinds above
+//! ([`Observation`], [`state`]'s entity types) stay until the check path has switched.
 
 pub mod observe;
 mod pool;
 mod shard;
+pub mod signal;
 pub mod state;
 
 pub use observe::{Observation, Observed, Unanswered};

@@ -1,4 +1,6 @@
-//! What a check asks the behaviour actors, and what it gets back.
+//! What a check asks the behaviour actors, and what it gets back (the legacy
+//! [`Observation`]; the signal path takes `decide::SignalPlan`s), and what a shard that
+//! does not answer costs: [`Unanswered`].
 
 use super::state::{Signals, StateBounds};
 use crate::rules::Behaviour;
@@ -19,10 +21,10 @@ pub struct Observation<'a> {
     pub dry_run: bool,
 }
 
-/// A dimension's shard that gave no answer within the deadline.
+/// A shard that gave no answer within the deadline (or is gone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unanswered {
-    /// `device`, `user` or `ip`.
+    /// `device`, `user` or `ip`; `signal` for [`super::Behaviours::signals`].
     pub dimension: &'static str,
     /// `timeout` (no answer within the deadline) or `mailbox` (the shard is gone).
     pub reason: &'static str,

@@ -1,14 +1,21 @@
 //! [`Behaviours`]: the handle a check holds to the behaviour actors.
 //!
-//! Three sets of shards (device, user, ip), each entity routed by
-//! `entity_hash(id) % shards`. The shards are spread round-robin over `cfg.threads` OS
-//! threads, each running its own actix System, so the actors neither need nor disturb the
-//! caller's runtime (actix-web's workers, a test's tokio runtime).
+//! Four families of shards, `cfg.shards` each: the legacy dimensions (device, user, ip),
+//! each entity routed by `entity_hash(id) % shards`, and the signal keys
+//! ([`Behaviours::signals`]), each routed by `entity_hash(plan.key) % shards`. The shards
+//! are spread round-robin over `cfg.threads` OS threads, each running its own actix
+//! System, so the actors neither need nor disturb the caller's runtime (actix-web's
+//! workers, a test's tokio runtime). Every family snapshots into its own tree of one sled
+//! db (`device`, `user`, `ip`, `signal`) and is restored from it by hash at start, so the
+//! shard count may change between runs.
 //!
 //! # Deadlines and the mailbox bound
 //!
-//! A check asks its shards concurrently, each bounded by `deadline_ms`; a late or gone
-//! shard costs the check that signal, never the answer.
+//! A check asks its shards concurrently, each bounded by `deadline_ms`. On the legacy
+//! path a late or gone shard costs the check that signal, never the answer; on the signal
+//! path it costs the answer (`Err(Unanswered)`: the caller treats it as the store failing,
+//! as it would a Redis that does not answer). A check sends one message per signal shard
+//! it needs, however many of its signals that shard holds.
 //!
 //! actix's mailbox capacity does not bound `send`: when the queue is full, `Addr::send`
 //! retries through a fresh clone of the sender, and every clone may queue one message
@@ -18,14 +25,15 @@
 //! whose requester is gone). At most `mailbox` check messages are queued per shard, a
 //! stalled shard cannot pile up abandoned ones, and a check that finds the mailbox full
 //! waits for a permit within the same deadline (then: `timeout`). The whole wait —
-//! permit, queue, answer — is one `tokio::time::timeout`; actix's own `Request::timeout`
-//! is kept inside it but is never the one that decides.
+//! permit, queue, answer — is one `tokio::time::timeout`, the only deadline of the signal
+//! path. (The legacy path still wraps actix's own `Request::timeout` inside it, a second
+//! deadline that never decides.)
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::dev::ToEnvelope;
 use actix::prelude::*;
@@ -34,10 +42,14 @@ use futures::future::join_all;
 use tokio::sync::Semaphore;
 
 use super::observe::{Observation, Observed, Unanswered};
-use super::shard::{Count, Entity, Observe, Shard, ShardState, Snapshot};
+use super::shard::{
+    Count, Entity, Observe, ObserveSignals, Shard, ShardState, SignalAsk, Snapshot, Stored,
+};
+use super::signal::{member_of, SignalSpec, SignalState};
 use super::state::{entity_hash, DeviceState, IpState, Signals, StateBounds, UserState};
 use crate::clock::Clock;
 use crate::config::BehaviourConfig;
+use crate::decide::{SignalPlan, SignalValue};
 use crate::metrics::Metrics;
 use crate::rules::Behaviour;
 
@@ -47,6 +59,32 @@ const SLED_CACHE_BYTES: u64 = 16 * 1024 * 1024;
 /// How long a snapshot or count may wait for a shard. Not on the request path: generous,
 /// but a wedged shard must not hang shutdown forever.
 const CONTROL_DEADLINE: Duration = Duration::from_secs(30);
+
+/// How long `start` waits for the directory's lock. sled lets go of it from its background
+/// threads, a moment after the last handle is dropped: a start right after a
+/// [`Behaviours::shutdown`] in the same process (a restart test, an in-process restart)
+/// could otherwise find it still held.
+const LOCK_GRACE: Duration = Duration::from_secs(2);
+
+/// Opens the sled db at `dir`, waiting up to [`LOCK_GRACE`] while its lock is held.
+fn open_db(dir: &Path) -> Result<sled::Db, sled::Error> {
+    let until = Instant::now() + LOCK_GRACE;
+    loop {
+        let opened = sled::Config::new()
+            .path(dir)
+            .cache_capacity(SLED_CACHE_BYTES)
+            .open();
+        match opened {
+            // sled (pinned at 0.34.7) reports a held lock only in the message's text.
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock") && Instant::now() < until =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
 
 /// What can go wrong starting, snapshotting or stopping the behaviour actors.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +135,7 @@ struct Inner {
     devices: Vec<Handle<DeviceState>>,
     users: Vec<Handle<UserState>>,
     ips: Vec<Handle<IpState>>,
+    signals: Vec<Handle<SignalState>>,
     /// Taken at shutdown, so the directory can be opened again while clones live on.
     db: Mutex<Option<sled::Db>>,
     path: PathBuf,
@@ -110,12 +149,12 @@ struct Inner {
 }
 
 /// One shard as the pool sees it: its address and the permits of its mailbox.
-struct Handle<E: Entity> {
+struct Handle<E: Stored> {
     addr: Addr<Shard<E>>,
     permits: Arc<Semaphore>,
 }
 
-fn handles<E: Entity>(addrs: Vec<Addr<Shard<E>>>, mailbox: usize) -> Vec<Handle<E>> {
+fn handles<E: Stored>(addrs: Vec<Addr<Shard<E>>>, mailbox: usize) -> Vec<Handle<E>> {
     addrs
         .into_iter()
         .map(|addr| Handle {
@@ -183,28 +222,87 @@ fn shard_of(hash: u64, shards: usize) -> usize {
     (hash % shards.max(1) as u64) as usize
 }
 
-/// The shards one thread hosts, by their index in their dimension.
+/// The shards one thread hosts, by their index in their family.
 #[derive(Default)]
 struct ThreadShards {
     devices: Vec<(usize, Shard<DeviceState>)>,
     users: Vec<(usize, Shard<UserState>)>,
     ips: Vec<(usize, Shard<IpState>)>,
+    signals: Vec<(usize, Shard<SignalState>)>,
 }
 
-type Started = (
-    Vec<(usize, Addr<Shard<DeviceState>>)>,
-    Vec<(usize, Addr<Shard<UserState>>)>,
-    Vec<(usize, Addr<Shard<IpState>>)>,
-);
+impl ThreadShards {
+    /// Starts them on the current actix System.
+    fn start(self) -> Started {
+        Started {
+            devices: start_all(self.devices),
+            users: start_all(self.users),
+            ips: start_all(self.ips),
+            signals: start_all(self.signals),
+        }
+    }
+}
 
-fn start_all<E: Entity>(shards: Vec<(usize, Shard<E>)>) -> Vec<(usize, Addr<Shard<E>>)> {
+/// The addresses of one host's shards, by their index in their family.
+struct Started {
+    devices: Vec<(usize, Addr<Shard<DeviceState>>)>,
+    users: Vec<(usize, Addr<Shard<UserState>>)>,
+    ips: Vec<(usize, Addr<Shard<IpState>>)>,
+    signals: Vec<(usize, Addr<Shard<SignalState>>)>,
+}
+
+/// Every shard's address, in index order, as hosts report them.
+struct Slots {
+    devices: Vec<Option<Addr<Shard<DeviceState>>>>,
+    users: Vec<Option<Addr<Shard<UserState>>>>,
+    ips: Vec<Option<Addr<Shard<IpState>>>>,
+    signals: Vec<Option<Addr<Shard<SignalState>>>>,
+}
+
+/// Every shard's address, in index order.
+struct Addrs {
+    devices: Vec<Addr<Shard<DeviceState>>>,
+    users: Vec<Addr<Shard<UserState>>>,
+    ips: Vec<Addr<Shard<IpState>>>,
+    signals: Vec<Addr<Shard<SignalState>>>,
+}
+
+impl Slots {
+    fn new(shards: usize) -> Self {
+        Slots {
+            devices: vec![None; shards],
+            users: vec![None; shards],
+            ips: vec![None; shards],
+            signals: vec![None; shards],
+        }
+    }
+
+    fn place(&mut self, started: Started) {
+        place(&mut self.devices, started.devices);
+        place(&mut self.users, started.users);
+        place(&mut self.ips, started.ips);
+        place(&mut self.signals, started.signals);
+    }
+
+    /// `None` if some index was not reported.
+    fn complete(self) -> Option<Addrs> {
+        Some(Addrs {
+            devices: all(self.devices)?,
+            users: all(self.users)?,
+            ips: all(self.ips)?,
+            signals: all(self.signals)?,
+        })
+    }
+}
+
+fn start_all<E: Stored>(shards: Vec<(usize, Shard<E>)>) -> Vec<(usize, Addr<Shard<E>>)> {
     shards.into_iter().map(|(i, s)| (i, s.start())).collect()
 }
 
 /// Reads a dimension's tree into `shards` shard states. Corrupt entries are skipped (a
 /// bad record must not keep the service down); a tree that cannot be read at all is an
 /// error.
-fn restore<E: Entity>(
+fn restore<E: Stored>(
     tree: &sled::Tree,
     path: &Path,
     shards: usize,
@@ -254,7 +352,7 @@ struct Settings {
 }
 
 impl Settings {
-    fn shard<E: Entity>(&self, state: ShardState<E>, tree: &sled::Tree) -> Shard<E> {
+    fn shard<E: Stored>(&self, state: ShardState<E>, tree: &sled::Tree) -> Shard<E> {
         Shard {
             state,
             tree: tree.clone(),
@@ -269,7 +367,7 @@ fn all<T>(slots: Vec<Option<T>>) -> Option<Vec<T>> {
     slots.into_iter().collect()
 }
 
-fn place<E: Entity>(slots: &mut [Option<Addr<Shard<E>>>], started: Vec<(usize, Addr<Shard<E>>)>) {
+fn place<E: Stored>(slots: &mut [Option<Addr<Shard<E>>>], started: Vec<(usize, Addr<Shard<E>>)>) {
     for (i, addr) in started {
         if let Some(slot) = slots.get_mut(i) {
             *slot = Some(addr);
@@ -290,19 +388,15 @@ impl Behaviours {
     ) -> Result<Behaviours, BehaviourError> {
         let shards = cfg.shards.max(1);
         // A thread beyond one per shard would host nothing.
-        let threads = cfg.threads.clamp(1, 3 * shards);
+        let threads = cfg.threads.clamp(1, FAMILIES * shards);
         let (plan, db) = Self::plan(cfg, dir, threads, &clock, &metrics)?;
         let mut running: Vec<ShardThread> = Vec::with_capacity(threads);
-        let mut devices: Vec<Option<Addr<Shard<DeviceState>>>> = vec![None; shards];
-        let mut users: Vec<Option<Addr<Shard<UserState>>>> = vec![None; shards];
-        let mut ips: Vec<Option<Addr<Shard<IpState>>>> = vec![None; shards];
+        let mut slots = Slots::new(shards);
         for (t, hosted) in plan.into_iter().enumerate() {
             match spawn_thread(t, hosted) {
-                Ok((thread, (d, u, i))) => {
+                Ok((thread, started)) => {
                     running.push(thread);
-                    place(&mut devices, d);
-                    place(&mut users, u);
-                    place(&mut ips, i);
+                    slots.place(started);
                 }
                 Err(e) => {
                     ShardThread::stop_all(&running);
@@ -310,21 +404,13 @@ impl Behaviours {
                 }
             }
         }
-        let (Some(devices), Some(users), Some(ips)) = (all(devices), all(users), all(ips)) else {
+        let Some(addrs) = slots.complete() else {
             // Every index was planned on some thread that reported back; unreachable
             // unless the plan is wrong, and then refusing to start is the honest answer.
             ShardThread::stop_all(&running);
             return Err(BehaviourError::ThreadStart(threads));
         };
-        Ok(Self::assemble(
-            cfg,
-            dir,
-            clock,
-            metrics,
-            db,
-            (devices, users, ips),
-            running,
-        ))
+        Ok(Self::assemble(cfg, dir, clock, metrics, db, addrs, running))
     }
 
     /// The same shards, restored the same way, hosted on the calling thread's actix System
@@ -341,16 +427,11 @@ impl Behaviours {
             return Err(BehaviourError::NoSystem);
         }
         let (plan, db) = Self::plan(cfg, dir, 1, &clock, &metrics)?;
-        let shards = cfg.shards.max(1);
-        let mut devices = vec![None; shards];
-        let mut users = vec![None; shards];
-        let mut ips = vec![None; shards];
+        let mut slots = Slots::new(cfg.shards.max(1));
         for hosted in plan {
-            place(&mut devices, start_all(hosted.devices));
-            place(&mut users, start_all(hosted.users));
-            place(&mut ips, start_all(hosted.ips));
+            slots.place(hosted.start());
         }
-        let (Some(devices), Some(users), Some(ips)) = (all(devices), all(users), all(ips)) else {
+        let Some(addrs) = slots.complete() else {
             return Err(BehaviourError::ThreadStart(0));
         };
         Ok(Self::assemble(
@@ -359,7 +440,7 @@ impl Behaviours {
             clock,
             metrics,
             db,
-            (devices, users, ips),
+            addrs,
             Vec::new(),
         ))
     }
@@ -375,14 +456,10 @@ impl Behaviours {
         let path = dir.to_path_buf();
         let shards = cfg.shards.max(1);
         let cap = cfg.max_entities.div_ceil(shards).max(1);
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(SLED_CACHE_BYTES)
-            .open()
-            .map_err(|source| BehaviourError::Open {
-                path: path.clone(),
-                source,
-            })?;
+        let db = open_db(dir).map_err(|source| BehaviourError::Open {
+            path: path.clone(),
+            source,
+        })?;
         let open = |name: &'static str| {
             db.open_tree(name).map_err(|source| BehaviourError::Open {
                 path: path.clone(),
@@ -393,6 +470,7 @@ impl Behaviours {
             open(DeviceState::DIMENSION)?,
             open(UserState::DIMENSION)?,
             open(IpState::DIMENSION)?,
+            open(SignalState::DIMENSION)?,
         );
         let settings = Settings {
             clock: clock.clone(),
@@ -424,29 +502,31 @@ impl Behaviours {
                 .ips
                 .push((i, settings.shard(state, &trees.2)));
         }
+        let restored = restore::<SignalState>(&trees.3, &path, shards, cap, metrics)?;
+        for (i, state) in restored.into_iter().enumerate() {
+            plan[thread_of()]
+                .signals
+                .push((i, settings.shard(state, &trees.3)));
+        }
         Ok((plan, db))
     }
 
-    #[allow(clippy::type_complexity)]
     fn assemble(
         cfg: &BehaviourConfig,
         dir: &Path,
         clock: Arc<dyn Clock>,
         metrics: Metrics,
         db: sled::Db,
-        (devices, users, ips): (
-            Vec<Addr<Shard<DeviceState>>>,
-            Vec<Addr<Shard<UserState>>>,
-            Vec<Addr<Shard<IpState>>>,
-        ),
+        addrs: Addrs,
         threads: Vec<ShardThread>,
     ) -> Behaviours {
         let mailbox = mailbox_of(cfg);
         Behaviours {
             inner: Arc::new(Inner {
-                devices: handles(devices, mailbox),
-                users: handles(users, mailbox),
-                ips: handles(ips, mailbox),
+                devices: handles(addrs.devices, mailbox),
+                users: handles(addrs.users, mailbox),
+                ips: handles(addrs.ips, mailbox),
+                signals: handles(addrs.signals, mailbox),
                 db: Mutex::new(Some(db)),
                 path: dir.to_path_buf(),
                 clock,
@@ -552,6 +632,93 @@ impl Behaviours {
         })
     }
 
+    /// Observes a check's signals (unless `dry_run`) and answers their values, in plan
+    /// order: the embedded side of the decision's signal step (see
+    /// [`SignalState::observe`] for the semantics, the same as `lua/decide.lua`'s).
+    ///
+    /// `applies[i]` is the filter verdict for `plans[i]` (a missing verdict reads as not
+    /// applying). Each signal is held by the shard its `key` hashes to; the check sends
+    /// one message to each shard it needs, all concurrently, each within `deadline_ms`
+    /// (permit, queue and answer together). Err when any shard does not answer within the
+    /// deadline (`timeout`) or is gone (`mailbox`, at once after [`Behaviours::shutdown`]):
+    /// the caller treats that as the store failing. Shards that did answer have recorded
+    /// their signals. No plan, no message. Await it inside a tokio runtime.
+    pub async fn signals(
+        &self,
+        plans: &[SignalPlan],
+        applies: &[bool],
+        now: u64,
+        dry_run: bool,
+    ) -> Result<Vec<SignalValue>, Unanswered> {
+        debug_assert_eq!(plans.len(), applies.len(), "one verdict per plan");
+        if plans.is_empty() {
+            return Ok(Vec::new());
+        }
+        let answered = self.ask_signals(plans, applies, now, dry_run).await;
+        if let Err(unanswered) = answered {
+            self.inner
+                .metrics
+                .behaviour_unanswered(unanswered.dimension, unanswered.reason);
+        }
+        answered
+    }
+
+    async fn ask_signals(
+        &self,
+        plans: &[SignalPlan],
+        applies: &[bool],
+        now: u64,
+        dry_run: bool,
+    ) -> Result<Vec<SignalValue>, Unanswered> {
+        let shards = &self.inner.signals;
+        if self.inner.stopped.load(Ordering::Acquire) || shards.is_empty() {
+            return Err(signal_unanswered("mailbox"));
+        }
+        // Per shard, in order of first use: the plan indexes and what to ask.
+        let mut groups: Vec<(usize, Vec<usize>, Vec<SignalAsk>)> = Vec::new();
+        for (i, plan) in plans.iter().enumerate() {
+            let key = entity_hash(&plan.key);
+            let shard = shard_of(key, shards.len());
+            let ask = SignalAsk {
+                key,
+                member: member_of(&plan.member),
+                applies: applies.get(i).copied().unwrap_or(false),
+                spec: SignalSpec::of(plan),
+            };
+            match groups.iter_mut().find(|(s, ..)| *s == shard) {
+                Some((_, indexes, asks)) => {
+                    indexes.push(i);
+                    asks.push(ask);
+                }
+                None => groups.push((shard, vec![i], vec![ask])),
+            }
+        }
+        let deadline = self.inner.deadline;
+        let (indexes, asked): (Vec<Vec<usize>>, Vec<_>) = groups
+            .into_iter()
+            .map(|(shard, indexes, asks)| {
+                let handle = &shards[shard];
+                (
+                    indexes,
+                    ask_signal_shard(handle, asks, now, dry_run, deadline),
+                )
+            })
+            .unzip();
+        // The first failure ends the wait: the answer is an error whatever the others say.
+        let answers = futures::future::try_join_all(asked).await?;
+        let mut out: Vec<Option<SignalValue>> = vec![None; plans.len()];
+        for (indexes, values) in indexes.into_iter().zip(answers) {
+            for (i, value) in indexes.into_iter().zip(values) {
+                out[i] = Some(value);
+            }
+        }
+        // A shard answers every ask of its message (`observe_signals` maps one to one),
+        // so nothing is missing; were it, the answer would be incomplete: not an answer.
+        out.into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or(signal_unanswered("mailbox"))
+    }
+
     /// Every shard writes its changed entities to sled (one batch per shard), then the db
     /// is flushed to disk. Returns once all of that is done.
     pub async fn snapshot(&self) -> Result<(), BehaviourError> {
@@ -562,12 +729,13 @@ impl Behaviours {
     }
 
     async fn snapshot_all(&self) -> Result<(), BehaviourError> {
-        let (d, u, i) = futures::join!(
+        let (d, u, i, s) = futures::join!(
             self.snapshot_shards(&self.inner.devices),
             self.snapshot_shards(&self.inner.users),
             self.snapshot_shards(&self.inner.ips),
+            self.snapshot_shards(&self.inner.signals),
         );
-        d.and(u).and(i)?;
+        d.and(u).and(i).and(s)?;
         let db = lock(&self.inner.db).clone();
         let Some(db) = db else {
             return Err(BehaviourError::Stopped);
@@ -581,7 +749,7 @@ impl Behaviours {
         Ok(())
     }
 
-    async fn snapshot_shards<E: Entity>(&self, shards: &[Handle<E>]) -> Result<(), BehaviourError> {
+    async fn snapshot_shards<E: Stored>(&self, shards: &[Handle<E>]) -> Result<(), BehaviourError> {
         let answers = join_all(shards.iter().map(|s| control(&s.addr, Snapshot))).await;
         for (shard, answer) in answers.into_iter().enumerate() {
             match answer {
@@ -607,7 +775,8 @@ impl Behaviours {
 
     /// Takes a last snapshot, then stops the shard threads and waits for them. Checks
     /// observed from here on answer every dimension they need as
-    /// `Unanswered { reason: "mailbox" }`, at once. Calling it again does nothing.
+    /// `Unanswered { reason: "mailbox" }`, at once, and [`Behaviours::signals`] answers
+    /// `Err` with it. Calling it again does nothing.
     pub async fn shutdown(&self) -> Result<(), BehaviourError> {
         if self.inner.stopped.swap(true, Ordering::AcqRel) {
             return Ok(());
@@ -617,7 +786,8 @@ impl Behaviours {
         let inner = &self.inner;
         let permits = (inner.devices.iter().map(|s| &s.permits))
             .chain(inner.users.iter().map(|s| &s.permits))
-            .chain(inner.ips.iter().map(|s| &s.permits));
+            .chain(inner.ips.iter().map(|s| &s.permits))
+            .chain(inner.signals.iter().map(|s| &s.permits));
         permits.for_each(|p| p.close());
         let snapshot = self.snapshot_all().await;
         let threads = std::mem::take(&mut *lock(&self.inner.threads));
@@ -636,18 +806,64 @@ impl Behaviours {
     /// Entities currently held per dimension: (device, user, ip). A shard that does not
     /// answer counts as holding none.
     pub async fn entity_counts(&self) -> (usize, usize, usize) {
-        async fn count<E: Entity>(shards: &[Handle<E>]) -> usize {
-            join_all(shards.iter().map(|s| control(&s.addr, Count)))
-                .await
-                .into_iter()
-                .filter_map(Result::ok)
-                .sum()
-        }
         futures::join!(
             count(&self.inner.devices),
             count(&self.inner.users),
             count(&self.inner.ips),
         )
+    }
+
+    /// Signal keys currently held (each with what it counts). A shard that does not
+    /// answer counts as holding none.
+    pub async fn signal_entities(&self) -> usize {
+        count(&self.inner.signals).await
+    }
+}
+
+/// Entities held by a family's shards; one that does not answer counts as none.
+async fn count<E: Stored>(shards: &[Handle<E>]) -> usize {
+    join_all(shards.iter().map(|s| control(&s.addr, Count)))
+        .await
+        .into_iter()
+        .filter_map(Result::ok)
+        .sum()
+}
+
+/// The shard families: device, user, ip, signal.
+const FAMILIES: usize = 4;
+
+fn signal_unanswered(reason: &'static str) -> Unanswered {
+    Unanswered {
+        dimension: SignalState::DIMENSION,
+        reason,
+    }
+}
+
+/// One signal shard's part of a check. The permit travels in the message (see the module
+/// doc); the one deadline is the tokio timeout around permit, queue and answer.
+async fn ask_signal_shard(
+    shard: &Handle<SignalState>,
+    asks: Vec<SignalAsk>,
+    now: u64,
+    dry_run: bool,
+    deadline: Duration,
+) -> Result<Vec<SignalValue>, Unanswered> {
+    let asked = async {
+        // Closed only at shutdown.
+        let permit =
+            (shard.permits.clone().acquire_owned().await).map_err(|_| MailboxError::Closed)?;
+        let msg = ObserveSignals {
+            asks,
+            now,
+            dry_run,
+            _permit: permit,
+        };
+        shard.addr.send(msg).await
+    };
+    match tokio::time::timeout(deadline, asked).await {
+        Ok(Ok(values)) => Ok(values),
+        Ok(Err(MailboxError::Closed)) => Err(signal_unanswered("mailbox")),
+        Ok(Err(MailboxError::Timeout)) | Err(_) => Err(signal_unanswered("timeout")),
     }
 }
 
@@ -678,13 +894,7 @@ fn spawn_thread(t: usize, hosted: ThreadShards) -> Result<(ShardThread, Started)
             // Declared first, dropped last: after the System and its actors are gone.
             let _done = done_tx;
             let runner = System::new();
-            let started = runner.block_on(async move {
-                (
-                    start_all(hosted.devices),
-                    start_all(hosted.users),
-                    start_all(hosted.ips),
-                )
-            });
+            let started = runner.block_on(async move { hosted.start() });
             if addrs_tx.send((System::current(), started)).is_err() {
                 return; // start() gave up on this thread
             }
@@ -715,6 +925,9 @@ impl Behaviours {
     pub(crate) fn stall(&self, dimension: &str, d: Duration) {
         use super::shard::Stall;
         match dimension {
+            "signal" => self.inner.signals.iter().for_each(|s| {
+                let _ = s.addr.clone().try_send(Stall(d));
+            }),
             "device" => self.inner.devices.iter().for_each(|s| {
                 let _ = s.addr.clone().try_send(Stall(d));
             }),
@@ -732,6 +945,20 @@ impl Behaviours {
         (self.inner.devices.iter())
             .map(|s| self.inner.mailbox - s.permits.available_permits())
             .sum()
+    }
+
+    /// Check messages queued in the signal shards (permits taken).
+    pub(crate) fn signal_messages_queued(&self) -> usize {
+        (self.inner.signals.iter())
+            .map(|s| self.inner.mailbox - s.permits.available_permits())
+            .sum()
+    }
+
+    /// Waits until every signal shard has worked through its queue.
+    pub(crate) async fn drain_signals(&self) {
+        for s in &self.inner.signals {
+            let _ = control(&s.addr, Count).await;
+        }
     }
 
     /// Waits until every device shard has worked through its queue.
@@ -757,3 +984,6 @@ impl Behaviours {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod signal_tests;

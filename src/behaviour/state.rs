@@ -164,7 +164,7 @@ pub enum DecodeError {
 
 /// Is `at` inside `(now - window, ..]`? Written without underflow: while `now < window`
 /// every time counts.
-fn in_window(at: u64, now: u64, window: u64) -> bool {
+pub(super) fn in_window(at: u64, now: u64, window: u64) -> bool {
     match now.checked_sub(window) {
         Some(lower) => at > lower,
         None => true,
@@ -173,13 +173,18 @@ fn in_window(at: u64, now: u64, window: u64) -> bool {
 
 /// Index of the first of the ascending-by-time `items` inside the window: everything
 /// before it is out, everything from it on is in.
-fn first_in_window<T>(items: &[T], at: impl Fn(&T) -> u64, now: u64, window: u64) -> usize {
+pub(super) fn first_in_window<T>(
+    items: &[T],
+    at: impl Fn(&T) -> u64,
+    now: u64,
+    window: u64,
+) -> usize {
     items.partition_point(|x| !in_window(at(x), now, window))
 }
 
 /// Grows `v` by one slot when full: doubling, but never past `cap` and never starting at
 /// four slots (`Vec`'s default for small types), because most sets hold one entry.
-fn reserve_one<T>(v: &mut Vec<T>, cap: usize) {
+pub(super) fn reserve_one<T>(v: &mut Vec<T>, cap: usize) {
     if v.len() == v.capacity() {
         let extra = v.len().max(1).min(cap.saturating_sub(v.len()).max(1));
         v.reserve_exact(extra);
@@ -187,7 +192,7 @@ fn reserve_one<T>(v: &mut Vec<T>, cap: usize) {
 }
 
 /// Gives memory back after a trim left a set mostly empty.
-fn shrink_after_trim<T>(v: &mut Vec<T>) {
+pub(super) fn shrink_after_trim<T>(v: &mut Vec<T>) {
     if v.len() <= v.capacity() / 2 {
         v.shrink_to_fit();
     }
@@ -708,15 +713,21 @@ fn header(kind: u8) -> Vec<u8> {
     vec![FORMAT_VERSION, kind]
 }
 
-/// A cursor over snapshot bytes; every read checks the length.
-struct Reader<'a> {
+/// A cursor over snapshot bytes; every read checks the length. Shared with the signal
+/// state's encoding (`signal`), which reads its own header.
+pub(super) struct Reader<'a> {
     rest: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
+    /// A cursor at the start of `bytes`, checking nothing yet.
+    pub(super) fn new(bytes: &'a [u8]) -> Self {
+        Reader { rest: bytes }
+    }
+
     /// Checks the version and kind bytes.
     fn open(bytes: &'a [u8], kind: u8) -> Result<Self, DecodeError> {
-        let mut r = Reader { rest: bytes };
+        let mut r = Reader::new(bytes);
         let version = r.u8()?;
         if version != FORMAT_VERSION {
             return Err(DecodeError::UnknownVersion(version));
@@ -731,7 +742,7 @@ impl<'a> Reader<'a> {
         Ok(r)
     }
 
-    fn need(&self, n: usize) -> Result<(), DecodeError> {
+    pub(super) fn need(&self, n: usize) -> Result<(), DecodeError> {
         if self.rest.len() < n {
             Err(DecodeError::Truncated)
         } else {
@@ -748,19 +759,19 @@ impl<'a> Reader<'a> {
         Ok(*head)
     }
 
-    fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(super) fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take::<1>()?[0])
     }
 
-    fn u32(&mut self) -> Result<u32, DecodeError> {
+    pub(super) fn u32(&mut self) -> Result<u32, DecodeError> {
         Ok(u32::from_be_bytes(self.take()?))
     }
 
-    fn u64(&mut self) -> Result<u64, DecodeError> {
+    pub(super) fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_be_bytes(self.take()?))
     }
 
-    fn finish(self) -> Result<(), DecodeError> {
+    pub(super) fn finish(self) -> Result<(), DecodeError> {
         match self.rest.len() {
             0 => Ok(()),
             n => Err(DecodeError::TrailingBytes(n)),

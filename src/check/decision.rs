@@ -8,8 +8,9 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::rules::{Layer, Scene};
-use crate::store::{LimitOp, LimitState};
+use super::plan::NEW_ACCOUNT;
+use crate::decide::{CheckPlan, Decided, LimitPlan, LimitValue, Outcome};
+use crate::rules::{Layer, Limit, Scene};
 
 /// The three answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
@@ -50,13 +51,20 @@ pub struct LimitReport {
     pub exceeded: bool,
 }
 
-/// One behaviour signal (filled by the behaviour actors; empty until they exist).
+/// One signal that applied to the request (and `new_account`, when the age is known).
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct SignalReport {
     pub name: String,
+    /// Its value, this request included (exact up to `max + 1`).
     pub value: u64,
     pub max: u64,
+    /// Its weight when it fired, else 0.
     pub contribution: f64,
+    /// It fired (past its max, and its share when it has one), weighted or not: for the
+    /// metrics, not part of the body.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub fired: bool,
 }
 
 /// The user's trust.
@@ -153,59 +161,106 @@ pub fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000).max(1)
 }
 
-/// The limits of a scene that applied to this request, parallel to the store op.
-#[derive(Debug, Clone)]
-pub struct AppliedLimit {
-    /// Index into `Scene::limits`.
-    pub index: usize,
-    pub op: LimitOp,
-}
-
-/// Reports the store's per-limit states.
-pub fn reports(applied: &[AppliedLimit], scene: &Scene, states: &[LimitState]) -> Vec<LimitReport> {
-    applied
-        .iter()
-        .zip(states)
-        .map(|(a, s)| LimitReport {
-            name: scene.limits[a.index].name.clone(),
-            key: a.op.key.clone(),
-            count: s.count,
-            max: a.op.max,
-            remaining: a.op.max.saturating_sub(s.count),
-            window_ms: a.op.window_ms,
-            exceeded: s.exceeded,
-        })
-        .collect()
-}
-
-/// Applies a store deny: security outranks business; among business limits the one that
-/// clears last is named, and its wait is the answer's.
-pub fn apply_denied(
+/// Fills the response from a decider's answer: the facts, every applying signal and the
+/// new-account flag with their contributions, the score, then the score deny or the
+/// limits (security outranks business).
+pub fn fill(
     resp: &mut CheckResponse,
-    applied: &[AppliedLimit],
     scene: &Scene,
-    states: &[LimitState],
+    plan: &CheckPlan,
+    index: &[usize],
+    decided: Decided,
 ) {
-    let exceeded = || {
-        applied
-            .iter()
-            .zip(states)
-            .filter(|(_, s)| s.exceeded)
-            .map(|(a, s)| (&scene.limits[a.index], a, s))
+    let j = match decided {
+        Decided::Duplicate { of } => {
+            resp.duplicate_of = Some(of);
+            return;
+        }
+        Decided::Judged(j) => j,
     };
+    resp.trust.points = j.facts.points;
+    resp.score = j.score;
+    let weights = plan.score.as_ref();
+    resp.signals = plan
+        .signals
+        .iter()
+        .zip(&j.signals)
+        .enumerate()
+        .filter(|(_, (_, v))| v.applies)
+        .map(|(i, (s, v))| SignalReport {
+            name: s.name.clone(),
+            value: v.value,
+            max: s.max,
+            contribution: match weights.and_then(|w| w.weights.get(i)) {
+                Some(&w) if v.fired => w,
+                _ => 0.0,
+            },
+            fired: v.fired,
+        })
+        .collect();
+    if let Some(is_new) = j.facts.new_account {
+        let weight = weights.and_then(|w| w.new_account_weight).unwrap_or(0.0);
+        resp.signals.push(SignalReport {
+            name: NEW_ACCOUNT.to_string(),
+            value: u64::from(is_new),
+            max: 0,
+            contribution: if is_new { weight } else { 0.0 },
+            fired: is_new,
+        });
+    }
+    let (limits, denied) = match j.outcome {
+        Outcome::ScoreDeny => {
+            resp.silent_deny(reason::SCORE);
+            return;
+        }
+        Outcome::Allowed { limits } => (limits, false),
+        Outcome::Denied { limits } => (limits, true),
+    };
+    let applied: Vec<(&Limit, &LimitPlan, &LimitValue)> = index
+        .iter()
+        .zip(&plan.limits)
+        .zip(&limits)
+        .filter(|(_, v)| v.applies)
+        .filter_map(|((&i, p), v)| Some((scene.limits.get(i)?, p, v)))
+        .collect();
+    resp.limits = applied
+        .iter()
+        .map(|(l, p, v)| LimitReport {
+            name: l.name.clone(),
+            key: p.key.clone(),
+            count: v.state.count,
+            max: v.max,
+            remaining: v.max.saturating_sub(v.state.count),
+            window_ms: p.window_ms,
+            exceeded: v.state.exceeded,
+        })
+        .collect();
+    if denied {
+        deny_by_limits(resp, scene, &applied);
+    }
+}
+
+/// A limits deny: security outranks business; among business limits the one that clears
+/// last is named, and its wait is the answer's.
+fn deny_by_limits(
+    resp: &mut CheckResponse,
+    scene: &Scene,
+    applied: &[(&Limit, &LimitPlan, &LimitValue)],
+) {
+    let exceeded = || applied.iter().filter(|(_, _, v)| v.state.exceeded);
     if let Some((limit, _, _)) = exceeded().find(|(l, _, _)| l.layer == Layer::Security) {
         resp.silent_deny(&limit.name);
         return;
     }
-    let Some((limit, a, s)) = exceeded().max_by_key(|(_, _, s)| s.retry_after_ms) else {
+    let Some((limit, p, v)) = exceeded().max_by_key(|(_, _, v)| v.state.retry_after_ms) else {
         return;
     };
-    resp.friendly_deny(Layer::Business, &limit.name, scene, s.retry_after_ms);
+    resp.friendly_deny(Layer::Business, &limit.name, scene, v.state.retry_after_ms);
     resp.rate_limit = Some(RateLimitInfo {
         name: limit.name.clone(),
-        quota: a.op.max,
-        window_s: ceil_secs(a.op.window_ms),
-        remaining: a.op.max.saturating_sub(s.count),
-        reset_s: ceil_secs(s.retry_after_ms),
+        quota: v.max,
+        window_s: ceil_secs(p.window_ms),
+        remaining: v.max.saturating_sub(v.state.count),
+        reset_s: ceil_secs(v.state.retry_after_ms),
     });
 }

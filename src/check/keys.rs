@@ -8,8 +8,11 @@
 //! `*`, `?`, `[`, space or control byte, so no id can make another key's name, escape the
 //! prefix, or widen a SCAN pattern. The segment after the scene is a dimension abbreviation
 //! (`uid`, `did`, `ip`, `net`, `aid`, `at.NAME`) or one of `all`, `fw`, `tb`, `req`,
-//! `idem` — disjoint sets — and limit and attribute names are `[A-Za-z0-9_]`, so the kinds
-//! of keys cannot collide either. A sliding limit over no dimension (a scene-wide budget)
+//! `idem`, `sg`, `sa`, `sl` — disjoint sets — and limit, signal and attribute names are
+//! `[A-Za-z0-9_]`, so the kinds of keys cannot collide either. Signals keep their sets in
+//! `<prefix>:<scene>:sg:<signal>[:<dims>]` (and `sa`, `sl`); trust and sightings in
+//! `<prefix>:trust-points:uid:<user>`, `<prefix>:user-seen:uid:<user>`,
+//! `<prefix>:device-seen:did:<device>`. A sliding limit over no dimension (a scene-wide budget)
 //! counts in `<prefix>:<scene>:all`.
 
 use std::collections::BTreeMap;
@@ -67,6 +70,74 @@ fn push_dimensions(k: &mut String, dims: &[Dimension], values: &DimensionValues)
     Some(())
 }
 
+/// The three sets a signal may keep per entity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalKey {
+    /// What the signal counts, over the requests its filter lets through.
+    Matching,
+    /// The same count over every request (`min_share`).
+    All,
+    /// The last user seen (`user_switches`).
+    Last,
+}
+
+impl SignalKey {
+    fn segment(self) -> &'static str {
+        match self {
+            SignalKey::Matching => "sg",
+            SignalKey::All => "sa",
+            SignalKey::Last => "sl",
+        }
+    }
+}
+
+/// `<prefix>:trust-points:uid:<user>`: the user's awards. The segment after the prefix
+/// holds a hyphen, which scene names cannot: no trust key collides with a scene's.
+pub fn trust_points_key(prefix: &str, user: &str) -> String {
+    entity_key(prefix, "trust-points", "uid", user)
+}
+
+/// `<prefix>:user-seen:uid:<user>`: the user's first sighting.
+pub fn user_seen_key(prefix: &str, user: &str) -> String {
+    entity_key(prefix, "user-seen", "uid", user)
+}
+
+/// `<prefix>:device-seen:did:<device>`: the device's first sighting.
+pub fn device_seen_key(prefix: &str, device: &str) -> String {
+    entity_key(prefix, "device-seen", "did", device)
+}
+
+fn entity_key(prefix: &str, kind: &str, abbrev: &str, id: &str) -> String {
+    let mut k = String::with_capacity(prefix.len() + kind.len() + id.len() + 8);
+    k.push_str(prefix);
+    k.push(':');
+    k.push_str(kind);
+    k.push(':');
+    k.push_str(abbrev);
+    k.push(':');
+    encode_into(&mut k, id);
+    k
+}
+
+/// The value `encode_into` made `segment` from (it is injective, so this inverts it).
+/// `None` for text it could not have made.
+pub fn decode_segment(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = segment.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// Builds the keys of one scene under one prefix.
 #[derive(Debug, Clone, Copy)]
 pub struct KeySpace<'a> {
@@ -100,6 +171,25 @@ impl KeySpace<'_> {
             }
         }
         push_dimensions(&mut k, &limit.dimensions, values)?;
+        Some(k)
+    }
+
+    /// A signal's set (`sg`: the requests its filter lets through; `sa`: all requests, for
+    /// `min_share`; `sl`: the last user, for `user_switches`) for one entity:
+    /// `<prefix>:<scene>:<kind>:<signal>[:<dim>:<value>…]`. `None` when a value is absent.
+    pub fn signal_key(
+        &self,
+        kind: SignalKey,
+        signal: &str,
+        per: &[Dimension],
+        values: &DimensionValues,
+    ) -> Option<String> {
+        let mut k = self.base();
+        k.push(':');
+        k.push_str(kind.segment());
+        k.push(':');
+        k.push_str(signal);
+        push_dimensions(&mut k, per, values)?;
         Some(k)
     }
 

@@ -1,74 +1,69 @@
-//! The check path as one readable async fn: validate -> gateway -> profile (behaviour
-//! actors and trust, concurrently) -> score -> keys and effective max -> store -> decision. Each stage is its own module; this one only sequences them and records
+//! The check path as one readable async fn: validate -> gateway -> plan (keys, overrides,
+//! caps, weights) -> decide (trust, signals, score, limits: one step on the store) ->
+//! response. Each stage is its own module; this one only sequences them and records
 //! telemetry. The rule set is one snapshot passed in by the caller and used throughout.
 
 pub mod decision;
 pub mod gateway;
 pub mod keys;
-pub mod profile;
+pub mod plan;
 pub mod quota;
 pub mod request;
-pub mod score;
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::Value;
 
 use crate::clock::Clock;
+use crate::decide::{Decided, Decider};
 use crate::metrics::Metrics;
-use crate::rules::{Algorithm, Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
-use crate::store::{CheckOp, CheckOutcome, LimitOp, RefundOp, StoreError, WindowStore};
-use decision::{apply_denied, reason, reports, AppliedLimit, CheckResponse, RateLimitInfo};
+use crate::rules::{Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
+use crate::store::{RefundOp, StoreError, WindowStore};
+use decision::{reason, CheckResponse, RateLimitInfo};
 use gateway::Gateways;
 use keys::{DimensionValues, KeySpace};
-use profile::{Profile, Profiler};
-use quota::effective_max;
 pub use request::{CheckRequest, RequestError};
 
 /// How long a store-unavailable deny tells the client to wait.
 const STORE_UNAVAILABLE_RETRY_MS: u64 = 1000;
 
-/// Runs checks and refunds against one window store.
+/// Runs checks (through a decider) and refunds (on the window store).
 pub struct Checker {
+    /// Where a decision is made: one script on Redis, the node's state when embedded.
+    decider: Arc<dyn Decider>,
+    /// The same store's windows, for refunds, readiness and durability.
     store: Arc<dyn WindowStore>,
-    /// The node's own store, for scenes whose policy is `local` (none until one exists:
-    /// then `local` answers like `fail_close`).
-    local: Option<Arc<dyn WindowStore>>,
+    /// The node's own decider, for scenes whose policy is `local` (none: `local` answers
+    /// like `fail_close`).
+    local: Option<Arc<dyn Decider>>,
     gateways: Gateways,
-    profiler: Profiler,
     metrics: Metrics,
     key_prefix: String,
     clock: Arc<dyn Clock>,
 }
 
 impl Checker {
-    /// A checker over `store` (and `local` for scenes whose policy is `local`); `clock` is
-    /// the service's one clock (gateway buckets, new-account ages).
+    /// A checker deciding on `decider` and refunding on `store` (the same store's
+    /// windows), with `local` for scenes whose policy is `local`; `clock` is the service's
+    /// one clock (gateway buckets, request ids).
     pub fn new(
+        decider: Arc<dyn Decider>,
         store: Arc<dyn WindowStore>,
-        local: Option<Arc<dyn WindowStore>>,
+        local: Option<Arc<dyn Decider>>,
         metrics: Metrics,
         key_prefix: &str,
         clock: Arc<dyn Clock>,
     ) -> Self {
         Checker {
+            decider,
             store,
             local,
             gateways: Gateways::new(clock.clone()),
-            profiler: Profiler::new(None, None, clock.clone(), metrics.clone()),
             metrics,
             key_prefix: key_prefix.to_string(),
             clock,
         }
-    }
-
-    /// Uses `profiler` for behaviour signals and trust (without one, every check has no
-    /// signals and no trust).
-    pub fn with_profiler(mut self, profiler: Profiler) -> Self {
-        self.profiler = profiler;
-        self
     }
 
     /// Brings per-scene in-process state (gateway buckets) in line with a new rule set.
@@ -118,60 +113,27 @@ impl Checker {
                 return resp;
             }
         }
-        let profile = self.profiler.profile(rules, req).await;
-        let scored = score::score(
-            scene,
-            &profile.signals,
-            profile.new_account,
-            rules.trust.as_ref(),
-            profile.points,
-        );
-        resp.score = scored.score;
-        resp.signals = scored.signals;
-        resp.trust.points = profile.points;
-        // Security outranks business: a score over the line is a silent deny whatever the
-        // limits say, and it consumes no quota (a denied request counts nowhere).
-        if scored.deny {
-            resp.silent_deny(reason::SCORE);
-            return resp;
-        }
-        let (op, applied) = self.check_op(scene, req, &profile);
-        // The ledger shares the store: if it could not answer, neither can the store, and
-        // the policy decides now rather than after a second timeout.
-        let result = match profile.store_error {
-            Some(e) => Err(e),
-            None => self.store.check(&op).await,
-        };
-        let outcome = match result {
-            Ok(outcome) => outcome,
-            Err(e) => match self.on_store_error(scene, &op, &e).await {
-                Some(outcome) => {
-                    resp.degraded = true;
-                    outcome
-                }
-                None => {
-                    resp.degraded = true;
-                    if scene.on_store_error == StoreErrorPolicy::FailOpen {
+        let (plan, index) = plan::plan(&self.key_prefix, rules, req);
+        let decided = match self.decider.decide(&plan).await {
+            Ok(decided) => decided,
+            Err(e) => {
+                resp.degraded = true;
+                match self.on_store_error(scene, &plan, &e).await {
+                    Some(decided) => decided,
+                    None if scene.on_store_error == StoreErrorPolicy::FailOpen => return resp,
+                    None => {
+                        resp.friendly_deny(
+                            Layer::Resource,
+                            reason::STORE_UNAVAILABLE,
+                            scene,
+                            STORE_UNAVAILABLE_RETRY_MS,
+                        );
                         return resp;
                     }
-                    resp.friendly_deny(
-                        Layer::Resource,
-                        reason::STORE_UNAVAILABLE,
-                        scene,
-                        STORE_UNAVAILABLE_RETRY_MS,
-                    );
-                    return resp;
                 }
-            },
-        };
-        match outcome {
-            CheckOutcome::Allowed { limits } => resp.limits = reports(&applied, scene, &limits),
-            CheckOutcome::Denied { limits } => {
-                resp.limits = reports(&applied, scene, &limits);
-                apply_denied(&mut resp, &applied, scene, &limits);
             }
-            CheckOutcome::Duplicate { of } => resp.duplicate_of = Some(of),
-        }
+        };
+        decision::fill(&mut resp, scene, &plan, &index, decided);
         resp
     }
 
@@ -180,9 +142,9 @@ impl Checker {
     async fn on_store_error(
         &self,
         scene: &Scene,
-        op: &CheckOp,
+        plan: &crate::decide::CheckPlan,
         e: &StoreError,
-    ) -> Option<CheckOutcome> {
+    ) -> Option<Decided> {
         self.metrics
             .store_error(self.store.kind(), store_error_kind(e));
         self.metrics
@@ -193,67 +155,7 @@ impl Checker {
             return None;
         }
         let local = self.local.as_ref()?;
-        local.check(op).await.ok()
-    }
-
-    /// The store op of one check: every limit of the scene with its key and effective max.
-    fn check_op(
-        &self,
-        scene: &Scene,
-        req: &CheckRequest,
-        profile: &Profile,
-    ) -> (CheckOp, Vec<AppliedLimit>) {
-        let ks = KeySpace {
-            prefix: &self.key_prefix,
-            scene: &scene.name,
-        };
-        let ip: Option<IpAddr> = req.values.ip.as_deref().and_then(|s| s.parse().ok());
-        let mut applied: Vec<AppliedLimit> = scene
-            .limits
-            .iter()
-            .enumerate()
-            .filter_map(|(index, limit)| {
-                let key = ks.limit_key(limit, &req.values)?;
-                Some(AppliedLimit {
-                    index,
-                    op: LimitOp {
-                        key,
-                        algorithm: limit.algorithm,
-                        window_ms: limit.window_ms,
-                        max: effective_max(scene, limit, ip, &profile.adjust),
-                        retain_ms: limit.window_ms,
-                    },
-                })
-            })
-            .collect();
-        // Sliding limits over the same dimensions share one ZSET: it must keep members for
-        // the longest of their windows.
-        for i in 0..applied.len() {
-            if applied[i].op.algorithm != Algorithm::SlidingWindow {
-                continue;
-            }
-            let retain = applied
-                .iter()
-                .filter(|o| {
-                    o.op.algorithm == Algorithm::SlidingWindow && o.op.key == applied[i].op.key
-                })
-                .map(|o| o.op.window_ms)
-                .max()
-                .unwrap_or(applied[i].op.window_ms);
-            applied[i].op.retain_ms = retain;
-        }
-        let op = CheckOp {
-            record_key: ks.record_key(&req.request_id),
-            idempotency_key: req
-                .idempotency_key
-                .as_deref()
-                .map(|k| ks.idempotency_key(k)),
-            request_id: req.request_id.clone(),
-            record_ttl_ms: record_ttl_ms(scene),
-            dry_run: req.dry_run,
-            limits: applied.iter().map(|a| a.op.clone()).collect(),
-        };
-        (op, applied)
+        local.decide(plan).await.ok()
     }
 
     fn record(&self, scene: &Scene, resp: &CheckResponse, started: Instant) {
@@ -321,12 +223,6 @@ fn refund_keys(ks: &KeySpace, scene: &Scene, values: &DimensionValues) -> Vec<St
     keys.sort();
     keys.dedup();
     keys
-}
-
-/// The request and idempotency records must outlive every window the request counted in,
-/// so a duplicate inside any window is recognised.
-fn record_ttl_ms(scene: &Scene) -> u64 {
-    scene.longest_window_ms().max(1000)
 }
 
 fn dimension_label(limit: &Limit) -> String {

@@ -37,7 +37,9 @@ pub fn effective_max(scene: &Scene, limit: &Limit, ip: Option<IpAddr>, adjust: &
     max
 }
 
-fn overridden_max(scene: &Scene, limit: &Limit, ip: Option<IpAddr>) -> u64 {
+/// The limit's max for a request from `ip`: the most specific CIDR override of it that
+/// contains `ip`, or its own.
+pub fn overridden_max(scene: &Scene, limit: &Limit, ip: Option<IpAddr>) -> u64 {
     let on_address = limit
         .dimensions
         .iter()

@@ -28,7 +28,9 @@
 //! [`math`] holds the arithmetic both deciders share (the embedded decider calls it; the
 //! Lua script mirrors it line for line): filters, caps, the score, the effective max.
 
+pub mod embedded;
 pub mod math;
+pub mod redis;
 
 use crate::rules::{Algorithm, Count, Filter};
 use crate::store::{LimitState, StoreError};

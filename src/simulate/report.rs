@@ -749,12 +749,14 @@ mod tests {
             value: 4,
             max: 3,
             contribution: 0.6,
+            fired: true,
         });
         s.signals.push(SignalReport {
             name: "accounts_per_ip".into(),
             value: 1,
             max: 50,
             contribution: 0.0,
+            fired: false,
         });
         t.check(3, 3, "bot", Some("b"), &Ok(s), None);
         let r = t.finish();

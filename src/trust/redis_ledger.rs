@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use redis::{RedisError, Script, Value};
 
 use super::ledger::{Award, AwardKind, TrustLedger, TrustRead};
-use crate::check::keys::encode_into;
+use crate::check::keys::{trust_points_key, user_seen_key};
 use crate::clock::Clock;
 use crate::store::redis::{map_redis_error, STARTUP_MIN_MS};
 use crate::store::redis_link::RedisLink;
@@ -104,22 +104,12 @@ impl RedisLedger {
 
     /// `<prefix>:trust-points:uid:<user>`.
     pub fn points_key(&self, user_id: &str) -> String {
-        self.user_key("trust-points", user_id)
+        trust_points_key(&self.prefix, user_id)
     }
 
     /// `<prefix>:user-seen:uid:<user>`.
     pub fn seen_key(&self, user_id: &str) -> String {
-        self.user_key("user-seen", user_id)
-    }
-
-    fn user_key(&self, kind: &str, user_id: &str) -> String {
-        let mut k = String::with_capacity(self.prefix.len() + kind.len() + user_id.len() + 8);
-        k.push_str(&self.prefix);
-        k.push(':');
-        k.push_str(kind);
-        k.push_str(":uid:");
-        encode_into(&mut k, user_id);
-        k
+        user_seen_key(&self.prefix, user_id)
     }
 
     /// The scripts' `now` argument: empty means "read Redis TIME".

@@ -4,7 +4,8 @@
 //! ledger shares the journal's `Db` rather than opening its own):
 //!
 //! - `trust`: user id -> the user's unexpired awards (JSON), oldest expiry first;
-//! - `user_seen`: user id -> first sighting and last refresh (two big-endian u64 ms).
+//! - `user_seen`: user id -> first sighting and last refresh (two big-endian u64 ms);
+//! - `device_seen`: device id -> the same, for `[trust].new_device`.
 //!
 //! The same rules as the Redis ledger: an award is recorded at most once per event id,
 //! expired awards count for nothing and are trimmed when the user's record is next
@@ -41,6 +42,7 @@ pub struct SledLedger {
     db: sled::Db,
     trust: sled::Tree,
     seen: sled::Tree,
+    device_seen: sled::Tree,
     clock: Arc<dyn Clock>,
 }
 
@@ -90,6 +92,9 @@ impl SledLedger {
             seen: db
                 .open_tree("user_seen")
                 .map_err(|e| sled_err("user_seen", e))?,
+            device_seen: db
+                .open_tree("device_seen")
+                .map_err(|e| sled_err("device_seen", e))?,
             db: db.clone(),
             clock,
         })
@@ -109,12 +114,50 @@ impl SledLedger {
         Ok(awards)
     }
 
-    /// The first sighting, marking the user seen when asked.
+    /// The user's unexpired points at `now`, uncapped.
+    pub fn points(&self, user_id: &str, now: u64) -> Result<u32, StoreError> {
+        Ok(self
+            .live(user_id, now)?
+            .iter()
+            .fold(0u32, |sum, a| sum.saturating_add(a.points)))
+    }
+
+    /// The user's first sighting, marking the user seen when asked.
+    pub fn user_seen(
+        &self,
+        user_id: &str,
+        mark: bool,
+        now: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        Self::sighting_in(&self.seen, "user_seen", user_id, mark, now)
+    }
+
+    /// The device's first sighting, marking the device seen when asked.
+    pub fn device_seen(
+        &self,
+        device_id: &str,
+        mark: bool,
+        now: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        Self::sighting_in(&self.device_seen, "device_seen", device_id, mark, now)
+    }
+
     fn sighting(&self, user_id: &str, mark: bool, now: u64) -> Result<Option<u64>, StoreError> {
-        let key = user_id.as_bytes();
-        let err = |e| sled_err("user_seen", e);
+        self.user_seen(user_id, mark, now)
+    }
+
+    /// A first sighting in `tree`, marking `id` seen when asked.
+    fn sighting_in(
+        tree: &sled::Tree,
+        name: &str,
+        id: &str,
+        mark: bool,
+        now: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let key = id.as_bytes();
+        let err = |e| sled_err(name, e);
         loop {
-            let current = self.seen.get(key).map_err(err)?;
+            let current = tree.get(key).map_err(err)?;
             let live = current
                 .as_deref()
                 .and_then(decode_seen)
@@ -128,8 +171,7 @@ impl SledLedger {
                 None => (now, encode_seen(now, now)),
             };
             // Lost a race with another writer: read again and decide again.
-            if self
-                .seen
+            if tree
                 .compare_and_swap(key, current, Some(&next.1[..]))
                 .map_err(err)?
                 .is_ok()

@@ -9,9 +9,13 @@ use std::time::{Duration, Instant};
 use chrono::{SecondsFormat, TimeZone, Utc};
 use redis::Commands;
 use serde_json::{json, Value};
+use vigia::behaviour::Behaviours;
 use vigia::check::Checker;
 use vigia::clock::{Clock, ManualClock, SystemClock};
+use vigia::config::BehaviourConfig;
 use vigia::config::{Config, StoreBackend};
+use vigia::decide::embedded::EmbeddedDecider;
+use vigia::decide::redis::RedisDecider;
 use vigia::metrics::Metrics;
 use vigia::rules::RuleSet;
 use vigia::store::embedded::EmbeddedStore;
@@ -598,17 +602,31 @@ async fn awards_expire_on_the_sled_ledger() {
     let clock = ManualClock::new(1_700_000_000_000);
     let windows =
         EmbeddedStore::open(&dir.path().join("windows"), Arc::new(clock.clone())).unwrap();
+    let events_dir = dir.path().join("events");
+    let db = journal::open_db(&events_dir).unwrap();
+    let sled = Arc::new(SledLedger::open(&db, Arc::new(clock.clone())).unwrap());
+    let behaviours = Behaviours::start(
+        &BehaviourConfig::default(),
+        &dir.path().join("behaviour"),
+        Arc::new(clock.clone()),
+        Metrics::new(),
+    )
+    .unwrap();
+    let decider = EmbeddedDecider::new(
+        windows.clone(),
+        behaviours,
+        Some(sled.clone()),
+        Arc::new(clock.clone()),
+    );
     let checker = Arc::new(Checker::new(
+        Arc::new(decider),
         windows,
         None,
         Metrics::new(),
         "lt",
         Arc::new(clock.clone()),
     ));
-    let events_dir = dir.path().join("events");
-    let db = journal::open_db(&events_dir).unwrap();
-    let ledger: Arc<dyn TrustLedger> =
-        Arc::new(SledLedger::open(&db, Arc::new(clock.clone())).unwrap());
+    let ledger: Arc<dyn TrustLedger> = sled;
     let events = Events::open_in(
         db,
         &events_dir,
@@ -634,8 +652,12 @@ async fn awards_expire_on_the_redis_ledger_and_so_does_the_key() {
         .await
         .unwrap()
         .with_clock(Arc::new(clock.clone()));
+    let decider = RedisDecider::new(store.link(), Some(Arc::new(clock.clone())))
+        .await
+        .unwrap();
     let store: Arc<dyn WindowStore> = Arc::new(store);
     let checker = Arc::new(Checker::new(
+        Arc::new(decider),
         store,
         None,
         Metrics::new(),

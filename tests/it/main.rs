@@ -5,6 +5,7 @@ mod common;
 
 mod auth;
 mod clock;
+mod decide_suite;
 mod dimensions;
 mod durability;
 mod events;

@@ -400,6 +400,29 @@ impl EmbeddedStore {
         }
     }
 
+    /// The request id already counted under `record_key` or `idempotency_key`, if any:
+    /// the repeat test a decision makes before it reads or writes anything else. (The
+    /// check itself tests again under its locks, so a race between two copies of one
+    /// request still counts it once.)
+    pub fn counted(
+        &self,
+        record_key: &str,
+        idempotency_key: Option<&str>,
+        request_id: &str,
+    ) -> Option<String> {
+        let now = self.clock.now_ms();
+        let mut keys: Vec<&str> = vec![record_key];
+        keys.extend(idempotency_key);
+        let mut locked = self.lock_keys(&keys);
+        if locked.live(record_key, now).is_some() {
+            return Some(request_id.to_string());
+        }
+        match idempotency_key.and_then(|k| locked.live(k, now)) {
+            Some(Entry::Idem { request_id, .. }) => Some(request_id.clone()),
+            _ => None,
+        }
+    }
+
     fn check_now(&self, op: &CheckOp) -> Result<CheckOutcome, StoreError> {
         let now = self.clock.now_ms();
         let mut keys: Vec<&str> = vec![&op.record_key];

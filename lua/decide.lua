@@ -1,0 +1,711 @@
+--[[
+decide.lua: one whole decision for one check, atomically: repeat detection, facts (trust
+points, first sightings), signals, score, then every limit all-or-nothing. One EVALSHA is
+one decision. The arithmetic mirrors src/decide/math.rs step for step (same operations on
+the same doubles, in the same order), so the embedded decider and this script agree.
+
+Optional keys keep KEYS positional: an absent one is replaced by the record key (KEYS[1])
+and an ARGV flag says so; the script never touches a stand-in.
+
+KEYS[1]        request record (<prefix>:<scene>:req:<request_id>); holds, for refund.lua,
+               what this request added to which limit key
+KEYS[2]        idempotency key, or the record key (ARGV[3] = "0")
+KEYS[3]        the user's trust points ZSET, or the record key (ARGV[7] = "0")
+KEYS[4]        the user's first sighting, or the record key (ARGV[8] = "0")
+KEYS[5]        the device's first sighting, or the record key (ARGV[9] = "0")
+KEYS[6+3*(i-1) .. 8+3*(i-1)], for signal i:
+               the signal's set; its all-requests set (or the record key, when the signal
+               has none); its last-user key (or the record key)
+KEYS[6+3*S+(j-1)], for limit j (S signals): the limit's key. Sliding limits over the same
+               dimensions share one ZSET, so a key may appear more than once
+
+ARGV[1]        request id
+ARGV[2]        dry run: "1" decides and writes nothing at all (no sighting, no signal, no
+               limit, no trim), "0" records
+ARGV[3]        "1" when KEYS[2] is a real idempotency key
+ARGV[4]        TTL of the request and idempotency records, ms
+ARGV[5]        now in ms, or "" to read Redis TIME
+ARGV[6]        "1" when the rule set has [trust]; "0": no points (0), ages unknown, and
+               ARGV[7..17] are ignored
+ARGV[7]        "1" when KEYS[3] is the points key (there is a user)
+ARGV[8]        "1" when KEYS[4] is the user's sighting key (there is a user)
+ARGV[9]        "1" when KEYS[5] is the device's sighting key (there is a device)
+ARGV[10]       user_created_at, unix ms, or ""
+ARGV[11]       how long a sighting is kept after the last one, ms
+ARGV[12]       max_points
+ARGV[13]       bonus_per_point
+ARGV[14]       discount_per_point (float)
+ARGV[15]       new_account.younger_than, ms, or "" without [trust].new_account
+ARGV[16]       new_account.max_factor (float), or ""
+ARGV[17]       new_device.younger_than, ms, or "" without [trust].new_device
+ARGV[18]       "1" when the scene has [score]; "0": the score is 0 and denies nothing
+ARGV[19]       the weight of new_account (float), or ""
+ARGV[20]       silent_deny_at (float), or ""
+ARGV[21]       S, the number of signals
+ARGV[22]       L, the number of limits
+ARGV[23+10*(i-1) ..], 10 per signal i:
+               count ("users" "devices" "ips" "nets" "requests" "user_switches"), member,
+               filter ("" "new_account" "new_device" "untrusted"), window_ms, max, cap,
+               min_share (float, or ""), "1" when it has an all-requests key, "1" when it
+               has a last-user key, weight (float, or "" when the score gives it none)
+ARGV[23+10*S+7*(j-1) ..], 7 per limit j:
+               algorithm ("s" sliding window, "f" fixed window, "t" token bucket),
+               window_ms, base max, retain_ms (sliding: the longest window sharing the key),
+               "1" when counted per user, "1" when trust points raise it, filter (as above)
+
+Floats travel as decimal text that reads back to the same double (%.17g, or Rust's
+shortest round-trip form); integers as plain decimal.
+
+Reply, a flat array:
+  {"dup", <request id that was counted>}
+  {"judged", outcome, score, points, new_account, new_device,
+   S, applies_1, value_1, share_1, fired_1, ..., applies_S, value_S, share_S, fired_S,
+   n, applies_1, max_1, count_1, exceeded_1, retry_after_ms_1, ..., (5 per limit)}
+  outcome: "score" (the score reached silent_deny_at: no limit was touched, n = 0),
+           "allow" (every applying limit had room: n = L), "deny" (one was full: n = L).
+  score: %.17g text, in [0, 1], rounded to 1e-9 (0 without [score]).
+  points: unexpired trust points, capped by max_points.
+  new_account, new_device: 1 young, 0 not, -1 unknown.
+  per signal: applies 0|1, value, share (%.17g text, "" without min_share or when the
+           signal does not apply), fired 0|1.
+  per limit: applies 0|1 (a limit that does not apply is not evaluated: count, exceeded
+           and retry are 0), the max it was held to (effective max, reported whether it
+           applies or not), count (allow: including this request; deny: before it; token
+           buckets: tokens spent), exceeded 0|1, retry_after_ms (0 unless exceeded).
+
+Facts:
+  points     sum of the leading integer of each member ("<points>:<type>:<event_id>") of
+             the points ZSET whose score (expiry, ms) is > now; a real check trims the
+             rest first.
+  user age   known with [trust].new_account and a user (ARGV[7] or ARGV[8]): born =
+             user_created_at if given, else the first sighting (read, or now when there
+             is none; a real check records it, or refreshes its TTL). young = now - born
+             < younger_than. Unknown without a born (no created_at and no sighting key).
+  device age the same with the device's sighting and new_device.younger_than.
+
+Signals (value: what is counted in the window, this request included, at most cap; a
+member at t is inside while t > now - window):
+  user_switches (filter not passing: value 0, nothing read or written): switched = a last
+             user set inside the window (at t > now - window, like any member) and not
+             this one; value = min(switches + switched, cap); a real check adds a switch
+             (member: request id) when switched, evicts the oldest beyond cap, sets the
+             last user to this one at now (PX window + margin) and refreshes the set's
+             expiry.
+  others     with an all-requests key, for every request: all = min(live + absent, cap);
+             a real check adds the member, evicts the oldest beyond cap from the all set
+             (ZSET order: score, then member bytes) and the same members from the
+             signal's set, refreshes the expiry. Then, when the filter passes: value =
+             min(live + absent, cap) on the signal's set; a real check adds, evicts
+             beyond cap, refreshes; with min_share, share = value / all rounded to 1e-9
+             (0 when all is 0). A dry run evicts nothing: when the all set is full, its
+             value (and share) can exceed what the real check, which evicts from both
+             sets before counting, answers.
+  fired      applies, value > max, and with min_share a share >= min_share.
+
+Stored shapes (besides check.lua's limits and records, unchanged: refund.lua reads them):
+  sighting   STRING unix ms of the first sighting, PX seen TTL (refreshed on each)
+  signal     ZSET member = hash of the counted value (or request id), score = ms
+  switches   ZSET member = request id of the switch, score = ms
+  last user  STRING "<ms>:<member>": the last user's hash and when it was set (the time
+             decides whether it is remembered; the expiry only cleans up)
+Every key this script writes expires: signal keys window + margin after their last write,
+limit keys as check.lua, sightings seen TTL after the last, records ARGV[4].
+]]
+
+-- Tolerance for float drift in token arithmetic (as check.lua).
+local EPS = 1e-9
+-- Expiry margin past the end of what a key protects (EXPIRY_MARGIN_MS in src/store/mod.rs).
+local MARGIN = 1000
+-- Scores and shares are rounded to this (SCORE_DECIMALS in src/decide/math.rs).
+local DECIMALS = 1e9
+-- Members removed per ZREM call: unpack() has a stack limit.
+local CHUNK = 500
+
+-- Integers as plain decimal text: Lua numbers are doubles and the default conversion may
+-- use an exponent, which Redis would not take as a score, a field value or an expiry.
+local function int(n)
+  return string.format('%d', n)
+end
+
+local function fail(why)
+  return redis.error_reply('decide.lua: ' .. why)
+end
+
+-- f64::round (half away from zero) on a double, exactly: y - floor(y) is exact for any
+-- double, so the comparison with 0.5 sees the true fraction (floor(y + 0.5) would not for
+-- 0.49999999999999994).
+local function round_half_away(y)
+  if y < 0 then
+    return -round_half_away(-y)
+  end
+  local f = math.floor(y)
+  if y - f >= 0.5 then
+    f = f + 1
+  end
+  return f
+end
+
+-- math::round: to 1e-9.
+local function round9(x)
+  return round_half_away(x * DECIMALS) / DECIMALS
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Arguments. Everything is read and checked before the first write: a script that fails
+-- halfway keeps what it wrote.
+-- ---------------------------------------------------------------------------------------
+
+local request_id = ARGV[1]
+local dry_run = ARGV[2] == '1'
+local has_idem = ARGV[3] == '1'
+local record_ttl = math.max(tonumber(ARGV[4]) or 0, 1)
+
+local bad_arg
+-- A required number; records the first bad one.
+local function num(i, what)
+  local v = tonumber(ARGV[i])
+  if v == nil and bad_arg == nil then
+    bad_arg = what .. ' (ARGV[' .. i .. '] = ' .. tostring(ARGV[i]) .. ') is not a number'
+  end
+  return v
+end
+-- An optional number: "" is absent.
+local function opt(i, what)
+  if ARGV[i] == '' or ARGV[i] == nil then
+    return nil
+  end
+  return num(i, what)
+end
+
+local FILTERS = { [''] = true, new_account = true, new_device = true, untrusted = true }
+local COUNTS = {
+  users = true, devices = true, ips = true, nets = true, requests = true, user_switches = true,
+}
+
+local trust = nil
+if ARGV[6] == '1' then
+  trust = {
+    has_points = ARGV[7] == '1',
+    has_user_seen = ARGV[8] == '1',
+    has_device_seen = ARGV[9] == '1',
+    user_created = opt(10, 'user_created_ms'),
+    seen_ttl = math.max(num(11, 'seen_ttl_ms') or 1, 1),
+    max_points = num(12, 'max_points'),
+    bonus = num(13, 'bonus_per_point'),
+    discount = num(14, 'discount_per_point'),
+    na_younger = opt(15, 'new_account younger_than'),
+    na_factor = opt(16, 'new_account max_factor'),
+    nd_younger = opt(17, 'new_device younger_than'),
+  }
+  if (trust.na_younger == nil) ~= (trust.na_factor == nil) then
+    return fail('new_account needs both younger_than and max_factor')
+  end
+end
+
+local has_score = ARGV[18] == '1'
+local na_weight = opt(19, 'new_account weight')
+local deny_at = nil
+if has_score then
+  deny_at = num(20, 'silent_deny_at')
+end
+
+local n_signals = num(21, 'signal count')
+local n_limits = num(22, 'limit count')
+if bad_arg then
+  return fail(bad_arg)
+end
+local LIMITS_AT = 23 + 10 * n_signals
+if #ARGV ~= 22 + 10 * n_signals + 7 * n_limits then
+  return fail(#ARGV .. ' arguments for ' .. n_signals .. ' signals and ' .. n_limits .. ' limits')
+end
+if #KEYS ~= 5 + 3 * n_signals + n_limits then
+  return fail(#KEYS .. ' keys for ' .. n_signals .. ' signals and ' .. n_limits .. ' limits')
+end
+
+local signals = {}
+for i = 1, n_signals do
+  local a = 23 + 10 * (i - 1)
+  local k = 6 + 3 * (i - 1)
+  local s = {
+    count = ARGV[a],
+    member = ARGV[a + 1],
+    filter = ARGV[a + 2],
+    window = num(a + 3, 'signal ' .. i .. ' window'),
+    max = num(a + 4, 'signal ' .. i .. ' max'),
+    cap = num(a + 5, 'signal ' .. i .. ' cap'),
+    min_share = opt(a + 6, 'signal ' .. i .. ' min_share'),
+    weight = opt(a + 9, 'signal ' .. i .. ' weight'),
+    key = KEYS[k],
+  }
+  if ARGV[a + 7] == '1' then
+    s.all_key = KEYS[k + 1]
+  end
+  if ARGV[a + 8] == '1' then
+    s.last_key = KEYS[k + 2]
+  end
+  if not COUNTS[s.count] then
+    return fail('signal ' .. i .. ': unknown count ' .. tostring(s.count))
+  end
+  if not FILTERS[s.filter] then
+    return fail('signal ' .. i .. ': unknown filter ' .. tostring(s.filter))
+  end
+  if s.count == 'user_switches' and s.last_key == nil then
+    return fail('signal ' .. i .. ': user_switches without a last-user key')
+  end
+  if s.cap ~= nil and s.cap < 1 then
+    s.cap = 1
+  end
+  signals[i] = s
+end
+
+local limits = {}
+for j = 1, n_limits do
+  local a = LIMITS_AT + 7 * (j - 1)
+  local l = {
+    key = KEYS[5 + 3 * n_signals + j],
+    algo = ARGV[a],
+    window = num(a + 1, 'limit ' .. j .. ' window'),
+    base_max = num(a + 2, 'limit ' .. j .. ' max'),
+    retain = num(a + 3, 'limit ' .. j .. ' retain'),
+    per_user = ARGV[a + 4] == '1',
+    trust_bonus = ARGV[a + 5] == '1',
+    filter = ARGV[a + 6],
+    exceeded = false,
+    retry = 0,
+    count = 0,
+  }
+  if l.algo ~= 's' and l.algo ~= 'f' and l.algo ~= 't' then
+    return fail('limit ' .. j .. ': unknown algorithm ' .. tostring(l.algo))
+  end
+  if not FILTERS[l.filter] then
+    return fail('limit ' .. j .. ': unknown filter ' .. tostring(l.filter))
+  end
+  limits[j] = l
+end
+if bad_arg then
+  return fail(bad_arg)
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Now, and repeats: before anything is read or written.
+-- ---------------------------------------------------------------------------------------
+
+local now
+if ARGV[5] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+else
+  now = tonumber(ARGV[5])
+  if now == nil then
+    return fail('now (ARGV[5]) is not a number')
+  end
+end
+
+-- The same request id twice counts once; the same idempotency key names the first request.
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return { 'dup', request_id }
+end
+if has_idem then
+  local first = redis.call('GET', KEYS[2])
+  if first then
+    return { 'dup', first }
+  end
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Window sets. A real check trims what left the window, then counts; a dry run counts past
+-- it, so both see the same members and the dry run changes nothing.
+-- ---------------------------------------------------------------------------------------
+
+-- Members still inside the window (score > now - window).
+local function live_count(key, window)
+  local edge = now - window
+  if dry_run then
+    return redis.call('ZCOUNT', key, '(' .. int(edge), '+inf')
+  end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(edge))
+  return redis.call('ZCARD', key)
+end
+
+-- Whether member is inside the window ("in the set after the trim").
+local function live_has(key, window, member)
+  local score = redis.call('ZSCORE', key, member)
+  return score and tonumber(score) > now - window
+end
+
+local function zrem_all(key, members)
+  for from = 1, #members, CHUNK do
+    redis.call('ZREM', key, unpack(members, from, math.min(from + CHUNK - 1, #members)))
+  end
+end
+
+-- Keeps the cap newest members (oldest by score, then member, leave first); returns the
+-- members evicted.
+local function evict(key, cap)
+  local n = redis.call('ZCARD', key)
+  if n <= cap then
+    return {}
+  end
+  local gone = redis.call('ZRANGE', key, 0, n - cap - 1)
+  zrem_all(key, gone)
+  return gone
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Facts.
+-- ---------------------------------------------------------------------------------------
+
+local points = 0
+local new_account = -1
+local new_device = -1
+
+-- math::is_young: now - born, saturating at 0, below younger_than.
+local function young(born, younger_than)
+  return math.max(now - born, 0) < younger_than
+end
+
+-- The first sighting of what key names; a real check records it (now) or refreshes it.
+local function sighting(key)
+  local seen = redis.call('GET', key)
+  if seen then
+    if not dry_run then
+      redis.call('PEXPIRE', key, int(trust.seen_ttl))
+    end
+    -- A value this script did not write reads as "seen now" (new), as trust_read did.
+    return tonumber(seen) or now
+  end
+  if not dry_run then
+    redis.call('SET', key, int(now), 'PX', int(trust.seen_ttl))
+  end
+  return now
+end
+
+if trust then
+  if trust.has_points then
+    local key = KEYS[3]
+    if not dry_run then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+    end
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf')) do
+      points = points + (tonumber(string.match(m, '^(%d+):')) or 0)
+    end
+    points = math.min(points, trust.max_points)
+  end
+
+  local has_user = trust.has_points or trust.has_user_seen
+  if trust.na_younger and has_user then
+    local born = trust.user_created
+    if born == nil and trust.has_user_seen then
+      born = sighting(KEYS[4])
+    end
+    if born ~= nil then
+      new_account = young(born, trust.na_younger) and 1 or 0
+    end
+  end
+
+  if trust.nd_younger and trust.has_device_seen then
+    new_device = young(sighting(KEYS[5]), trust.nd_younger) and 1 or 0
+  end
+end
+
+-- math::passes: an unknown age is not young.
+local function passes(filter)
+  if filter == '' then
+    return true
+  elseif filter == 'new_account' then
+    return new_account == 1
+  elseif filter == 'new_device' then
+    return new_device == 1
+  end
+  return points == 0
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Signals, in plan order: observed before the score, so a denied try still counts.
+-- ---------------------------------------------------------------------------------------
+
+local results = {}
+for i = 1, n_signals do
+  local s = signals[i]
+  local applies = passes(s.filter)
+  local value = 0
+  local share = nil
+  local expiry = int(s.window + MARGIN)
+
+  if s.count == 'user_switches' then
+    if applies then
+      -- Remembered while set inside the window, whatever the key's expiry (Redis's own
+      -- clock) says: the same rule as every member, on the check's clock.
+      local last = redis.call('GET', s.last_key)
+      local switched = false
+      if last then
+        local at, who = string.match(last, '^(%d+):(.*)$')
+        switched = at ~= nil and tonumber(at) > now - s.window and who ~= s.member
+      end
+      local events = live_count(s.key, s.window)
+      value = math.min(events + (switched and 1 or 0), s.cap)
+      if not dry_run then
+        if switched then
+          redis.call('ZADD', s.key, int(now), request_id)
+          evict(s.key, s.cap)
+        end
+        redis.call('SET', s.last_key, int(now) .. ':' .. s.member, 'PX', expiry)
+        redis.call('PEXPIRE', s.key, expiry)
+      end
+    end
+  else
+    local all = 0
+    if s.all_key then
+      local n = live_count(s.all_key, s.window)
+      if not live_has(s.all_key, s.window, s.member) then
+        n = n + 1
+      end
+      all = math.min(n, s.cap)
+      if not dry_run then
+        redis.call('ZADD', s.all_key, int(now), s.member)
+        -- The share is among the most recent members of both sets: what leaves the all
+        -- set leaves the signal's set too.
+        zrem_all(s.key, evict(s.all_key, s.cap))
+        redis.call('PEXPIRE', s.all_key, expiry)
+      end
+    end
+    if applies then
+      local n = live_count(s.key, s.window)
+      if not live_has(s.key, s.window, s.member) then
+        n = n + 1
+      end
+      value = math.min(n, s.cap)
+      if not dry_run then
+        redis.call('ZADD', s.key, int(now), s.member)
+        evict(s.key, s.cap)
+        redis.call('PEXPIRE', s.key, expiry)
+      end
+      if s.min_share then
+        -- math::share
+        if all == 0 then
+          share = 0
+        else
+          share = round9(value / all)
+        end
+      end
+    end
+  end
+
+  -- math::fires
+  local fired = applies and value > s.max
+  if fired and s.min_share then
+    fired = share ~= nil and share >= s.min_share
+  end
+  results[i] = { applies = applies, value = value, share = share, fired = fired }
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Score (math::score): fired weights in plan order, then new_account's, minus trust,
+-- clamped to [0, 1], rounded to 1e-9.
+-- ---------------------------------------------------------------------------------------
+
+local score = 0
+local score_deny = false
+if has_score then
+  local raw = 0
+  for i = 1, n_signals do
+    if results[i].fired and signals[i].weight then
+      raw = raw + signals[i].weight
+    end
+  end
+  if na_weight and new_account == 1 then
+    raw = raw + na_weight
+  end
+  local discount = points * (trust and trust.discount or 0)
+  local x = raw - discount
+  if x < 0 then
+    x = 0
+  elseif x > 1 then
+    x = 1
+  end
+  score = round9(x)
+  score_deny = score >= deny_at
+end
+
+local function reply(outcome, with_limits, use_after)
+  local out = {
+    'judged', outcome, string.format('%.17g', score), points, new_account, new_device,
+    n_signals,
+  }
+  for i = 1, n_signals do
+    local r = results[i]
+    out[#out + 1] = r.applies and 1 or 0
+    out[#out + 1] = r.value
+    out[#out + 1] = r.share and string.format('%.17g', r.share) or ''
+    out[#out + 1] = r.fired and 1 or 0
+  end
+  if not with_limits then
+    out[#out + 1] = 0
+    return out
+  end
+  out[#out + 1] = n_limits
+  for j = 1, n_limits do
+    local l = limits[j]
+    local count = l.count
+    if use_after and l.applies then
+      count = l.after
+    end
+    out[#out + 1] = l.applies and 1 or 0
+    out[#out + 1] = l.max
+    out[#out + 1] = count
+    out[#out + 1] = l.exceeded and 1 or 0
+    out[#out + 1] = l.retry
+  end
+  return out
+end
+
+-- A silent deny touches no limit: a denied request consumes no quota anywhere.
+if score_deny then
+  return reply('score', false, false)
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Limits, as check.lua: phase 1 evaluates every applying limit against its effective max;
+-- phase 2 records in all of them, only when none is exceeded.
+-- ---------------------------------------------------------------------------------------
+
+-- math::effective_max
+local function effective_max(l)
+  local m = l.base_max
+  if trust == nil then
+    return m
+  end
+  if trust.na_factor and new_account == 1 and l.per_user then
+    m = math.floor(m * trust.na_factor)
+    -- Never below 1 (written so that NaN lands on 1 too, as Rust's saturating cast does).
+    if not (m >= 1) then
+      m = 1
+    end
+  end
+  if l.trust_bonus then
+    m = m + points * trust.bonus
+  end
+  return m
+end
+
+local any_exceeded = false
+for j = 1, n_limits do
+  local l = limits[j]
+  l.max = effective_max(l)
+  l.applies = passes(l.filter)
+  if l.applies then
+    local key = l.key
+    if l.algo == 's' then
+      if not dry_run then
+        -- Members at or before now - retain are outside every window sharing this key.
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - l.retain))
+      end
+      -- A member at t counts while t > now - window.
+      local lower = '(' .. int(now - l.window)
+      l.count = redis.call('ZCOUNT', key, lower, '+inf')
+      if l.count + 1 > l.max then
+        l.exceeded = true
+        -- One more fits once count - max + 1 members have left.
+        local offset = math.max(l.count - l.max, 0)
+        local m = redis.call('ZRANGEBYSCORE', key, lower, '+inf', 'WITHSCORES', 'LIMIT', offset, 1)
+        if m[2] then
+          l.retry = math.max(tonumber(m[2]) + l.window - now, 1)
+        else
+          l.retry = l.window
+        end
+      end
+      l.after = l.count + 1
+    elseif l.algo == 'f' then
+      l.start = now - (now % l.window)
+      local h = redis.call('HMGET', key, 's', 'c')
+      local c = 0
+      if h[1] and tonumber(h[1]) == l.start then
+        c = tonumber(h[2]) or 0
+      end
+      l.count = c
+      if c + 1 > l.max then
+        l.exceeded = true
+        l.retry = math.max(l.start + l.window - now, 1)
+      end
+      l.after = c + 1
+    else
+      local h = redis.call('HMGET', key, 'tk', 'ts')
+      local tokens = l.max
+      if h[1] and h[2] then
+        local elapsed = math.max(now - tonumber(h[2]), 0)
+        -- Multiply before dividing: exact whenever the refill is a whole number of tokens.
+        tokens = math.min(l.max, tonumber(h[1]) + elapsed * l.max / l.window)
+      end
+      l.tokens = tokens
+      l.count = math.max(math.ceil(l.max - tokens - EPS), 0)
+      if l.max <= 0 then
+        l.exceeded = true
+        l.retry = l.window
+      elseif tokens < 1 - EPS then
+        l.exceeded = true
+        l.retry = math.max(math.ceil((1 - tokens) * l.window / l.max - EPS), 1)
+      end
+      l.after = math.max(math.ceil(l.max - (tokens - 1) - EPS), 0)
+    end
+    if l.exceeded then
+      any_exceeded = true
+    end
+  end
+end
+
+-- All-or-nothing: one exceeded limit and nothing is recorded anywhere.
+if any_exceeded then
+  return reply('deny', true, false)
+end
+if dry_run then
+  return reply('allow', true, true)
+end
+
+-- Phase 2. A key named twice (sliding limits sharing a ZSET) is written once; its expiry
+-- follows the longest retain among the applying limits naming it.
+local record = {}
+local retain_of = {}
+for j = 1, n_limits do
+  local l = limits[j]
+  if l.applies and l.algo == 's' then
+    retain_of[l.key] = math.max(retain_of[l.key] or 0, l.retain)
+  end
+end
+
+for j = 1, n_limits do
+  local l = limits[j]
+  local key = l.key
+  if l.applies and record[key] == nil then
+    if l.algo == 's' then
+      redis.call('ZADD', key, int(now), request_id)
+      redis.call('PEXPIRE', key, int(retain_of[key] + MARGIN))
+      record[key] = 'z'
+    elseif l.algo == 'f' then
+      redis.call('HSET', key, 's', int(l.start), 'c', int(l.count + 1))
+      redis.call('PEXPIRE', key, int(l.start + l.window - now + MARGIN))
+      record[key] = 'f:' .. int(l.start)
+    else
+      local tk = l.tokens - 1
+      redis.call('HSET', key, 'tk', string.format('%.17g', tk), 'ts', int(now), 'cap', int(l.max))
+      -- A full bucket equals an absent key: live until full again, plus the margin.
+      local refill = math.ceil((l.max - tk) * l.window / l.max - EPS)
+      redis.call('PEXPIRE', key, int(math.max(refill, 1) + MARGIN))
+      record[key] = 't'
+    end
+  end
+end
+
+-- The record names only the keys written (what refund.lua may undo). cjson turns an empty
+-- table into an array; a request that counted nowhere still gets an object.
+local encoded
+if next(record) == nil then
+  encoded = '{"k":{}}'
+else
+  encoded = cjson.encode({ k = record })
+end
+redis.call('SET', KEYS[1], encoded, 'PX', int(record_ttl))
+if has_idem then
+  redis.call('SET', KEYS[2], request_id, 'PX', int(record_ttl))
+end
+
+return reply('allow', true, true)

@@ -1,0 +1,205 @@
+//! The embedded decider: one node, no Redis. The same four steps as `lua/decide.lua`, on
+//! the node's own state: the sled ledger (facts), the behaviour actors (signals), the
+//! shared arithmetic ([`math`]), the embedded window store (limits).
+//!
+//! Not one atomic step as the script is: two checks of one farm may interleave between
+//! the actors and the window store. What each step holds is still exact — the actors
+//! serialise each entity, the window store locks each check's keys — and a decision
+//! reads nothing it wrote in another step, so the answers are the script's.
+//!
+//! Without a ledger (a Redis node deciding a `local` scene on its own state while Redis is
+//! down) nothing is known about trust: no points, ages unknown.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::math::{self, effective_max, passes};
+use super::{
+    CheckPlan, Decided, Decider, Facts, Judgement, LimitValue, Outcome, SignalValue, TrustPlan,
+};
+use crate::behaviour::Behaviours;
+use crate::check::keys::decode_segment;
+use crate::clock::Clock;
+use crate::store::embedded::EmbeddedStore;
+use crate::store::{CheckOp, CheckOutcome, LimitOp, LimitState, StoreError, WindowStore};
+use crate::trust::SledLedger;
+
+/// The [`Decider`] of the embedded store.
+pub struct EmbeddedDecider {
+    windows: Arc<EmbeddedStore>,
+    behaviours: Behaviours,
+    ledger: Option<Arc<SledLedger>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for EmbeddedDecider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedDecider")
+            .field("windows", &self.windows)
+            .field("ledger", &self.ledger.is_some())
+            .finish()
+    }
+}
+
+impl EmbeddedDecider {
+    pub fn new(
+        windows: Arc<EmbeddedStore>,
+        behaviours: Behaviours,
+        ledger: Option<Arc<SledLedger>>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        EmbeddedDecider {
+            windows,
+            behaviours,
+            ledger,
+            clock,
+        }
+    }
+
+    /// Points and ages, marking the user and device seen unless a dry run.
+    fn facts(
+        &self,
+        trust: Option<&TrustPlan>,
+        dry_run: bool,
+        now: u64,
+    ) -> Result<Facts, StoreError> {
+        let (Some(trust), Some(ledger)) = (trust, &self.ledger) else {
+            return Ok(Facts::default());
+        };
+        let mut facts = Facts::default();
+        if let Some(user) = trust.points_key.as_deref().and_then(user_of) {
+            facts.points = ledger.points(&user, now)?.min(trust.max_points);
+        }
+        if let Some((younger_than, _)) = trust.new_account {
+            let born = match (trust.user_created_ms, trust.user_seen_key.as_deref()) {
+                (Some(created), _) => Some(created),
+                // A user never seen is seen now (a dry run records nothing, but the
+                // answer is the one a real check would get).
+                (None, Some(key)) => match user_of(key) {
+                    Some(user) => Some(ledger.user_seen(&user, !dry_run, now)?.unwrap_or(now)),
+                    None => None,
+                },
+                (None, None) => None,
+            };
+            facts.new_account = born.map(|b| math::is_young(b, now, younger_than));
+        }
+        let device = trust.device_seen_key.as_deref().and_then(device_of);
+        if let (Some(younger_than), Some(device)) = (trust.new_device_ms, device) {
+            let born = ledger.device_seen(&device, !dry_run, now)?.unwrap_or(now);
+            facts.new_device = Some(math::is_young(born, now, younger_than));
+        }
+        Ok(facts)
+    }
+}
+
+/// The raw user id of a trust or sighting key (`<prefix>:<kind>:uid:<encoded id>`): the
+/// sled ledger is keyed by raw ids, as the events that fill it name them.
+fn user_of(key: &str) -> Option<String> {
+    key.split_once(":uid:")
+        .and_then(|(_, id)| decode_segment(id))
+}
+
+/// The raw device id of a sighting key (`<prefix>:device-seen:did:<encoded id>`).
+fn device_of(key: &str) -> Option<String> {
+    key.split_once(":did:")
+        .and_then(|(_, id)| decode_segment(id))
+}
+
+#[async_trait]
+impl Decider for EmbeddedDecider {
+    async fn decide(&self, plan: &CheckPlan) -> Result<Decided, StoreError> {
+        if let Some(of) = self.windows.counted(
+            &plan.record_key,
+            plan.idempotency_key.as_deref(),
+            &plan.request_id,
+        ) {
+            return Ok(Decided::Duplicate { of });
+        }
+        let now = self.clock.now_ms();
+        let facts = self.facts(plan.trust.as_ref(), plan.dry_run, now)?;
+        let applies: Vec<bool> = plan
+            .signals
+            .iter()
+            .map(|s| s.filter.is_none_or(|f| passes(f, &facts)))
+            .collect();
+        let signals: Vec<SignalValue> = if plan.signals.is_empty() {
+            Vec::new()
+        } else {
+            self.behaviours
+                .signals(&plan.signals, &applies, now, plan.dry_run)
+                .await
+                .map_err(|u| {
+                    StoreError::Unavailable(format!(
+                        "behaviour {} shard gave no answer ({})",
+                        u.dimension, u.reason
+                    ))
+                })?
+        };
+        let discount = plan.trust.as_ref().map_or(0.0, |t| t.discount_per_point);
+        let (score, deny) = math::score(plan.score.as_ref(), &signals, &facts, discount);
+        if deny {
+            return Ok(Decided::Judged(Judgement {
+                facts,
+                signals,
+                score,
+                outcome: Outcome::ScoreDeny,
+            }));
+        }
+        let mut values: Vec<LimitValue> = plan
+            .limits
+            .iter()
+            .map(|l| LimitValue {
+                applies: l.filter.is_none_or(|f| passes(f, &facts)),
+                max: effective_max(l, &facts, plan.trust.as_ref()),
+                state: LimitState {
+                    count: 0,
+                    exceeded: false,
+                    retry_after_ms: 0,
+                },
+            })
+            .collect();
+        let op = CheckOp {
+            record_key: plan.record_key.clone(),
+            idempotency_key: plan.idempotency_key.clone(),
+            request_id: plan.request_id.clone(),
+            record_ttl_ms: plan.record_ttl_ms,
+            dry_run: plan.dry_run,
+            limits: plan
+                .limits
+                .iter()
+                .zip(&values)
+                .filter(|(_, v)| v.applies)
+                .map(|(l, v)| LimitOp {
+                    key: l.key.clone(),
+                    algorithm: l.algorithm,
+                    window_ms: l.window_ms,
+                    max: v.max,
+                    retain_ms: l.retain_ms,
+                })
+                .collect(),
+        };
+        let (allowed, states) = match self.windows.check(&op).await? {
+            CheckOutcome::Allowed { limits } => (true, limits),
+            CheckOutcome::Denied { limits } => (false, limits),
+            CheckOutcome::Duplicate { of } => return Ok(Decided::Duplicate { of }),
+        };
+        let mut states = states.into_iter();
+        for v in values.iter_mut().filter(|v| v.applies) {
+            if let Some(state) = states.next() {
+                v.state = state;
+            }
+        }
+        let outcome = if allowed {
+            Outcome::Allowed { limits: values }
+        } else {
+            Outcome::Denied { limits: values }
+        };
+        Ok(Decided::Judged(Judgement {
+            facts,
+            signals,
+            score,
+            outcome,
+        }))
+    }
+}

@@ -1,0 +1,748 @@
+//! The Redis decider: a whole [`CheckPlan`] in one EVALSHA of `lua/decide.lua`.
+//!
+//! This module owns the script's wire format: how a plan becomes KEYS and ARGV (the
+//! script header documents both) and how the flat reply becomes a [`Decided`]. The
+//! decision itself — facts, signals, score, limits, and the arithmetic of [`super::math`]
+//! mirrored in Lua — runs inside Redis, atomically, so every node sharing the Redis sees
+//! every observation and two checks never interleave.
+//!
+//! Like the window store it shares the node's [`RedisLink`] (one connection, one circuit
+//! breaker, one deadline per call), loads its script at start-up so a Redis that cannot
+//! take it fails then, and takes "now" from Redis `TIME` unless a test or a simulation
+//! injects a clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::{Script, Value};
+use async_trait::async_trait;
+
+use super::{CheckPlan, Decided, Decider, Facts, Judgement, LimitValue, Outcome, SignalValue};
+use crate::clock::Clock;
+use crate::rules::{Algorithm, Filter};
+use crate::store::redis::{map_redis_error, STARTUP_MIN_MS};
+use crate::store::redis_link::RedisLink;
+use crate::store::{LimitState, StoreError};
+
+/// The decision script; its header documents KEYS, ARGV and the reply.
+const DECIDE_LUA: &str = include_str!("../../lua/decide.lua");
+
+/// Fixed KEYS before the per-signal ones: record, idempotency, points, user and device
+/// sightings.
+const FIXED_KEYS: usize = 5;
+/// KEYS per signal: its set, its all-requests set, its last-user key.
+const KEYS_PER_SIGNAL: usize = 3;
+/// Fixed ARGV before the per-signal ones.
+const FIXED_ARGS: usize = 22;
+/// ARGV per signal and per limit.
+const ARGS_PER_SIGNAL: usize = 10;
+const ARGS_PER_LIMIT: usize = 7;
+
+/// A [`Decider`] on the node's Redis.
+pub struct RedisDecider {
+    /// Shared with the window store and the trust ledger.
+    link: Arc<RedisLink>,
+    script: Script,
+    /// `Some` (and not the wall clock) replaces Redis `TIME` with this clock.
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for RedisDecider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisDecider")
+            .field("link", &self.link)
+            .field("script", &self.script.get_hash())
+            .field("injected_clock", &self.injected_clock())
+            .finish()
+    }
+}
+
+impl RedisDecider {
+    /// Builds the decider on the node's link and loads `decide.lua`, within
+    /// `max(link timeout, 1 s)`: a Redis that cannot take the script fails here, not on
+    /// the first check.
+    ///
+    /// `clock`: "now" for the script. `None` or the wall clock read Redis `TIME` (nodes with
+    /// skewed clocks agree); any other clock (tests, simulations) is sent with each call.
+    /// Key expiries still run on Redis's own clock, so keep such a clock near the real time.
+    pub async fn new(
+        link: Arc<RedisLink>,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<RedisDecider, StoreError> {
+        let timeout_ms = link.timeout_ms();
+        let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
+        let script = Script::new(DECIDE_LUA);
+        let mut conn = link.raw();
+        tokio::time::timeout(
+            Duration::from_millis(startup_ms),
+            script.load_async(&mut conn),
+        )
+        .await
+        .map_err(|_| StoreError::Timeout(startup_ms))?
+        .map_err(|e| map_redis_error(e, timeout_ms))?;
+        Ok(RedisDecider {
+            link,
+            script,
+            clock,
+        })
+    }
+
+    fn injected_clock(&self) -> bool {
+        self.clock.as_ref().is_some_and(|c| !c.is_wall())
+    }
+
+    /// The script's `now` argument: empty means "read Redis TIME".
+    fn now_arg(&self) -> String {
+        match &self.clock {
+            Some(clock) if !clock.is_wall() => clock.now_ms().to_string(),
+            _ => String::new(),
+        }
+    }
+}
+
+#[async_trait]
+impl Decider for RedisDecider {
+    async fn decide(&self, plan: &CheckPlan) -> Result<Decided, StoreError> {
+        let (keys, args) = invocation(plan, self.now_arg());
+        let mut inv = self.script.prepare_invoke();
+        for key in &keys {
+            inv.key(key);
+        }
+        for arg in &args {
+            inv.arg(arg);
+        }
+        let mut conn = self.link.conn().await?;
+        let reply: Value = self.link.run(inv.invoke_async(&mut conn)).await?;
+        parse_reply(reply, plan)
+    }
+}
+
+fn flag(b: bool) -> String {
+    if b { "1" } else { "0" }.to_string()
+}
+
+/// A float as text that reads back as the same double (Rust's shortest round-trip form;
+/// Lua's `tonumber` is `strtod`).
+fn float(x: f64) -> String {
+    x.to_string()
+}
+
+fn opt_float(x: Option<f64>) -> String {
+    x.map(float).unwrap_or_default()
+}
+
+fn opt_int(x: Option<u64>) -> String {
+    x.map(|n| n.to_string()).unwrap_or_default()
+}
+
+fn filter_arg(filter: Option<Filter>) -> String {
+    filter.map(|f| f.name().to_string()).unwrap_or_default()
+}
+
+/// The one-letter algorithm code the script reads (as check.lua).
+fn algo_code(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::SlidingWindow => "s",
+        Algorithm::FixedWindow => "f",
+        Algorithm::TokenBucket => "t",
+    }
+}
+
+/// KEYS and ARGV of one call, in the layout of the script header. An absent optional key
+/// is the record key plus a flag, so positions never move.
+fn invocation(plan: &CheckPlan, now: String) -> (Vec<String>, Vec<String>) {
+    let stand_in = &plan.record_key;
+    let or_stand_in = |k: &Option<String>| k.as_deref().unwrap_or(stand_in).to_string();
+    let trust = plan.trust.as_ref();
+
+    let mut keys =
+        Vec::with_capacity(FIXED_KEYS + KEYS_PER_SIGNAL * plan.signals.len() + plan.limits.len());
+    keys.push(plan.record_key.clone());
+    keys.push(or_stand_in(&plan.idempotency_key));
+    keys.push(or_stand_in(&trust.and_then(|t| t.points_key.clone())));
+    keys.push(or_stand_in(&trust.and_then(|t| t.user_seen_key.clone())));
+    keys.push(or_stand_in(&trust.and_then(|t| t.device_seen_key.clone())));
+    for s in &plan.signals {
+        keys.push(s.key.clone());
+        keys.push(or_stand_in(&s.all_key));
+        keys.push(or_stand_in(&s.last_key));
+    }
+    for l in &plan.limits {
+        keys.push(l.key.clone());
+    }
+
+    let mut args = Vec::with_capacity(
+        FIXED_ARGS + ARGS_PER_SIGNAL * plan.signals.len() + ARGS_PER_LIMIT * plan.limits.len(),
+    );
+    args.push(plan.request_id.clone());
+    args.push(flag(plan.dry_run));
+    args.push(flag(plan.idempotency_key.is_some()));
+    args.push(plan.record_ttl_ms.max(1).to_string());
+    args.push(now);
+    match trust {
+        Some(t) => {
+            args.push(flag(true));
+            args.push(flag(t.points_key.is_some()));
+            args.push(flag(t.user_seen_key.is_some()));
+            args.push(flag(t.device_seen_key.is_some()));
+            args.push(opt_int(t.user_created_ms));
+            // PX 0 is an error in Redis; a sighting lives at least a millisecond.
+            args.push(t.seen_ttl_ms.max(1).to_string());
+            args.push(t.max_points.to_string());
+            args.push(t.bonus_per_point.to_string());
+            args.push(float(t.discount_per_point));
+            args.push(opt_int(t.new_account.map(|(younger, _)| younger)));
+            args.push(opt_float(t.new_account.map(|(_, factor)| factor)));
+            args.push(opt_int(t.new_device_ms));
+        }
+        None => {
+            args.push(flag(false));
+            args.extend(std::iter::repeat_n(String::new(), 11));
+        }
+    }
+    match &plan.score {
+        Some(score) => {
+            args.push(flag(true));
+            args.push(opt_float(score.new_account_weight));
+            args.push(float(score.silent_deny_at));
+        }
+        None => {
+            args.push(flag(false));
+            args.push(String::new());
+            args.push(String::new());
+        }
+    }
+    args.push(plan.signals.len().to_string());
+    args.push(plan.limits.len().to_string());
+    for (i, s) in plan.signals.iter().enumerate() {
+        args.push(s.count.name().to_string());
+        args.push(s.member.clone());
+        args.push(filter_arg(s.filter));
+        args.push(s.window_ms.to_string());
+        args.push(s.max.to_string());
+        args.push(s.cap.max(1).to_string());
+        args.push(opt_float(s.min_share));
+        args.push(flag(s.all_key.is_some()));
+        args.push(flag(s.last_key.is_some()));
+        // Weights pair with signals like `zip` in math::score: a missing one adds nothing.
+        args.push(opt_float(
+            plan.score.as_ref().and_then(|p| p.weights.get(i).copied()),
+        ));
+    }
+    for l in &plan.limits {
+        // A zero window would divide by zero in the script; the rule compiler rejects it,
+        // this only keeps a bad plan from turning into a script error.
+        let window_ms = l.window_ms.max(1);
+        args.push(algo_code(l.algorithm).to_string());
+        args.push(window_ms.to_string());
+        args.push(l.base_max.to_string());
+        args.push(l.retain_ms.max(window_ms).to_string());
+        args.push(flag(l.per_user));
+        args.push(flag(l.trust_bonus));
+        args.push(filter_arg(l.filter));
+    }
+    (keys, args)
+}
+
+/// Reads the flat reply front to back; every error names the field it was reading.
+struct Reply {
+    items: std::vec::IntoIter<Value>,
+    read: usize,
+}
+
+fn bad(why: impl std::fmt::Display) -> StoreError {
+    StoreError::Protocol(format!("decide.lua reply: {why}"))
+}
+
+impl Reply {
+    fn next(&mut self, what: &str) -> Result<Value, StoreError> {
+        self.read += 1;
+        self.items
+            .next()
+            .ok_or_else(|| bad(format!("ends before {what} (item {})", self.read)))
+    }
+
+    fn text(&mut self, what: &str) -> Result<String, StoreError> {
+        match self.next(what)? {
+            Value::BulkString(b) => {
+                String::from_utf8(b).map_err(|_| bad(format!("{what}: not UTF-8")))
+            }
+            Value::SimpleString(s) => Ok(s),
+            other => Err(bad(format!("{what}: expected text, got {other:?}"))),
+        }
+    }
+
+    fn int(&mut self, what: &str) -> Result<i64, StoreError> {
+        match self.next(what)? {
+            Value::Int(i) => Ok(i),
+            other => Err(bad(format!("{what}: expected an integer, got {other:?}"))),
+        }
+    }
+
+    fn unsigned(&mut self, what: &str) -> Result<u64, StoreError> {
+        let i = self.int(what)?;
+        u64::try_from(i).map_err(|_| bad(format!("{what}: negative ({i})")))
+    }
+
+    fn flag(&mut self, what: &str) -> Result<bool, StoreError> {
+        match self.int(what)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(bad(format!("{what}: expected 0 or 1, got {other}"))),
+        }
+    }
+
+    /// -1 unknown, 0 no, 1 yes.
+    fn tristate(&mut self, what: &str) -> Result<Option<bool>, StoreError> {
+        match self.int(what)? {
+            -1 => Ok(None),
+            0 => Ok(Some(false)),
+            1 => Ok(Some(true)),
+            other => Err(bad(format!("{what}: expected -1, 0 or 1, got {other}"))),
+        }
+    }
+
+    /// A finite float in [0, 1] (scores and shares).
+    fn fraction(&mut self, what: &str) -> Result<f64, StoreError> {
+        let text = self.text(what)?;
+        match text.parse::<f64>() {
+            Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+            _ => Err(bad(format!("{what}: {text:?} is not a number in [0, 1]"))),
+        }
+    }
+
+    fn count(&mut self, what: &str, expected: usize) -> Result<(), StoreError> {
+        let n = self.int(what)?;
+        if usize::try_from(n).ok() != Some(expected) {
+            return Err(bad(format!("{what}: {n}, expected {expected}")));
+        }
+        Ok(())
+    }
+
+    fn end(self) -> Result<(), StoreError> {
+        match self.items.len() {
+            0 => Ok(()),
+            rest => Err(bad(format!("{rest} values past the end"))),
+        }
+    }
+}
+
+/// Turns the script's reply into a [`Decided`], strictly: any shape but the header's is a
+/// [`StoreError::Protocol`] naming what was wrong (a stale script, a foreign key shape).
+fn parse_reply(reply: Value, plan: &CheckPlan) -> Result<Decided, StoreError> {
+    let Value::Array(items) = reply else {
+        return Err(bad(format!("expected an array, got {reply:?}")));
+    };
+    let mut r = Reply {
+        items: items.into_iter(),
+        read: 0,
+    };
+    let kind = r.text("the kind")?;
+    match kind.as_str() {
+        "dup" => {
+            let of = r.text("the counted request id")?;
+            if of.is_empty() {
+                return Err(bad("duplicate without the counted request id"));
+            }
+            r.end()?;
+            return Ok(Decided::Duplicate { of });
+        }
+        "judged" => {}
+        other => return Err(bad(format!("unknown kind {other:?}"))),
+    }
+
+    let outcome = r.text("the outcome")?;
+    let score = r.fraction("the score")?;
+    let points = r.int("points")?;
+    let points =
+        u32::try_from(points).map_err(|_| bad(format!("points out of range ({points})")))?;
+    let facts = Facts {
+        points,
+        new_account: r.tristate("new_account")?,
+        new_device: r.tristate("new_device")?,
+    };
+
+    r.count("the signal count", plan.signals.len())?;
+    let mut signals = Vec::with_capacity(plan.signals.len());
+    for s in &plan.signals {
+        let at = |field: &str| format!("signal {:?} {field}", s.name);
+        let applies = r.flag(&at("applies"))?;
+        let value = r.unsigned(&at("value"))?;
+        let share = match r.text(&at("share"))?.as_str() {
+            "" => None,
+            text => match text.parse::<f64>() {
+                Ok(x) if (0.0..=1.0).contains(&x) => Some(x),
+                _ => return Err(bad(format!("{}: {text:?} is not in [0, 1]", at("share")))),
+            },
+        };
+        let fired = r.flag(&at("fired"))?;
+        if fired && !applies {
+            return Err(bad(format!("{} fired without applying", at(""))));
+        }
+        signals.push(SignalValue {
+            applies,
+            value,
+            share,
+            fired,
+        });
+    }
+
+    let n_limits = match outcome.as_str() {
+        "score" => 0,
+        "allow" | "deny" => plan.limits.len(),
+        other => return Err(bad(format!("unknown outcome {other:?}"))),
+    };
+    r.count("the limit count", n_limits)?;
+    let mut limits = Vec::with_capacity(n_limits);
+    for (j, l) in plan.limits.iter().take(n_limits).enumerate() {
+        let at = |field: &str| format!("limit {j} ({}) {field}", l.key);
+        let applies = r.flag(&at("applies"))?;
+        let max = r.unsigned(&at("max"))?;
+        let count = r.unsigned(&at("count"))?;
+        let exceeded = r.flag(&at("exceeded"))?;
+        let retry_after_ms = r.unsigned(&at("retry"))?;
+        limits.push(LimitValue {
+            applies,
+            max,
+            state: LimitState {
+                count,
+                exceeded,
+                retry_after_ms,
+            },
+        });
+    }
+    r.end()?;
+
+    let any_exceeded = limits.iter().any(|l| l.state.exceeded);
+    let outcome = match outcome.as_str() {
+        "score" => Outcome::ScoreDeny,
+        "allow" if !any_exceeded => Outcome::Allowed { limits },
+        "deny" if any_exceeded => Outcome::Denied { limits },
+        "allow" => return Err(bad("an allow with an exceeded limit")),
+        _ => return Err(bad("a deny without an exceeded limit")),
+    };
+    Ok(Decided::Judged(Judgement {
+        facts,
+        signals,
+        score,
+        outcome,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::{LimitPlan, ScorePlan, SignalPlan, TrustPlan};
+    use crate::rules::Count;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn int(i: i64) -> Value {
+        Value::Int(i)
+    }
+
+    fn signal(name: &str, count: Count) -> SignalPlan {
+        SignalPlan {
+            name: name.into(),
+            key: format!("p:s:sg:{name}"),
+            all_key: None,
+            last_key: (count == Count::UserSwitches).then(|| format!("p:s:sl:{name}")),
+            count,
+            member: "00000000000000aa".into(),
+            filter: None,
+            window_ms: 10_000,
+            max: 3,
+            min_share: None,
+            cap: 4,
+        }
+    }
+
+    fn limit(key: &str) -> LimitPlan {
+        LimitPlan {
+            key: key.into(),
+            algorithm: Algorithm::SlidingWindow,
+            window_ms: 10_000,
+            base_max: 5,
+            per_user: true,
+            trust_bonus: false,
+            retain_ms: 10_000,
+            filter: None,
+        }
+    }
+
+    /// Two signals, two limits, trust and a score.
+    fn plan() -> CheckPlan {
+        let mut shared = signal("upn", Count::Users);
+        shared.all_key = Some("p:s:sa:upn".into());
+        shared.min_share = Some(0.5);
+        shared.filter = Some(Filter::NewAccount);
+        CheckPlan {
+            record_key: "p:s:req:r1".into(),
+            idempotency_key: None,
+            request_id: "r1".into(),
+            record_ttl_ms: 10_000,
+            dry_run: false,
+            trust: Some(TrustPlan {
+                points_key: Some("p:trust-points:uid:u".into()),
+                user_seen_key: Some("p:user-seen:uid:u".into()),
+                device_seen_key: None,
+                user_created_ms: None,
+                seen_ttl_ms: 1_000,
+                max_points: 5,
+                bonus_per_point: 1,
+                discount_per_point: 0.1,
+                new_account: Some((86_400_000, 0.5)),
+                new_device_ms: None,
+            }),
+            signals: vec![shared, signal("sw", Count::UserSwitches)],
+            score: Some(ScorePlan {
+                weights: vec![0.6, 0.1],
+                new_account_weight: None,
+                silent_deny_at: 0.7,
+            }),
+            limits: vec![limit("p:s:uid:u"), limit("p:s:ip:1")],
+        }
+    }
+
+    fn head(outcome: &str, score: &str) -> Vec<Value> {
+        vec![
+            bulk("judged"),
+            bulk(outcome),
+            bulk(score),
+            int(2),
+            int(1),
+            int(-1),
+            int(2),
+            // signal 1: applies, value 3, share 0.75, fired
+            int(1),
+            int(3),
+            bulk("0.75"),
+            int(1),
+            // signal 2: does not apply
+            int(0),
+            int(0),
+            bulk(""),
+            int(0),
+        ]
+    }
+
+    fn limits(exceeded: bool) -> Vec<Value> {
+        vec![
+            int(2),
+            int(1),
+            int(2),
+            int(1),
+            int(exceeded.into()),
+            int(if exceeded { 500 } else { 0 }),
+            int(0),
+            int(5),
+            int(0),
+            int(0),
+            int(0),
+        ]
+    }
+
+    fn reply(parts: &[Vec<Value>]) -> Value {
+        Value::Array(parts.concat())
+    }
+
+    #[test]
+    fn the_layout_is_the_headers() {
+        let p = plan();
+        let (keys, args) = invocation(&p, "123".into());
+        assert_eq!(keys.len(), FIXED_KEYS + 3 * 2 + 2);
+        assert_eq!(args.len(), FIXED_ARGS + 10 * 2 + 7 * 2);
+        // Absent optional keys are the record key; flags say which are real.
+        assert_eq!(keys[1], p.record_key);
+        assert_eq!(keys[4], p.record_key);
+        assert_eq!(&keys[5..8], ["p:s:sg:upn", "p:s:sa:upn", "p:s:req:r1"]);
+        assert_eq!(&keys[8..11], ["p:s:sg:sw", "p:s:req:r1", "p:s:sl:sw"]);
+        assert_eq!(&args[2..9], ["0", "10000", "123", "1", "1", "1", "0"]);
+        assert_eq!(&args[13], "0.1");
+        assert_eq!(&args[20..22], ["2", "2"]);
+        assert_eq!(
+            &args[22..32],
+            [
+                "users",
+                "00000000000000aa",
+                "new_account",
+                "10000",
+                "3",
+                "4",
+                "0.5",
+                "1",
+                "0",
+                "0.6"
+            ]
+        );
+        assert_eq!(&args[42..49], ["s", "10000", "5", "10000", "1", "0", ""]);
+
+        let bare = CheckPlan {
+            trust: None,
+            score: None,
+            signals: vec![],
+            limits: vec![],
+            ..p
+        };
+        let (keys, args) = invocation(&bare, String::new());
+        assert_eq!(keys.len(), FIXED_KEYS);
+        assert_eq!(args.len(), FIXED_ARGS);
+        assert_eq!(args[5], "0");
+        assert_eq!(args[17], "0");
+    }
+
+    #[test]
+    fn parses_an_allow_a_deny_and_a_score_deny() {
+        let p = plan();
+        let Decided::Judged(j) =
+            parse_reply(reply(&[head("allow", "0.6"), limits(false)]), &p).expect("allow")
+        else {
+            panic!("not judged")
+        };
+        assert_eq!(
+            j.facts,
+            Facts {
+                points: 2,
+                new_account: Some(true),
+                new_device: None
+            }
+        );
+        assert_eq!(j.score, 0.6);
+        assert_eq!(
+            j.signals,
+            [
+                SignalValue {
+                    applies: true,
+                    value: 3,
+                    share: Some(0.75),
+                    fired: true
+                },
+                SignalValue {
+                    applies: false,
+                    value: 0,
+                    share: None,
+                    fired: false
+                }
+            ]
+        );
+        assert_eq!(
+            j.outcome,
+            Outcome::Allowed {
+                limits: vec![
+                    LimitValue {
+                        applies: true,
+                        max: 2,
+                        state: LimitState {
+                            count: 1,
+                            exceeded: false,
+                            retry_after_ms: 0
+                        }
+                    },
+                    LimitValue {
+                        applies: false,
+                        max: 5,
+                        state: LimitState {
+                            count: 0,
+                            exceeded: false,
+                            retry_after_ms: 0
+                        }
+                    }
+                ]
+            }
+        );
+
+        let denied = parse_reply(reply(&[head("deny", "0.6"), limits(true)]), &p).expect("deny");
+        let Decided::Judged(Judgement {
+            outcome: Outcome::Denied { limits: l },
+            ..
+        }) = denied
+        else {
+            panic!("not a deny: {denied:?}")
+        };
+        assert_eq!(l[0].state.retry_after_ms, 500);
+
+        let score = parse_reply(
+            reply(&[head("score", "0.69999999999999996"), vec![int(0)]]),
+            &p,
+        )
+        .expect("score deny");
+        let Decided::Judged(j) = score else {
+            panic!("not judged")
+        };
+        assert_eq!((j.outcome, j.score), (Outcome::ScoreDeny, 0.7));
+    }
+
+    #[test]
+    fn parses_a_duplicate() {
+        let p = plan();
+        assert_eq!(
+            parse_reply(Value::Array(vec![bulk("dup"), bulk("r0")]), &p).expect("dup"),
+            Decided::Duplicate { of: "r0".into() }
+        );
+    }
+
+    fn protocol(reply: Value) -> String {
+        match parse_reply(reply, &plan()) {
+            Err(StoreError::Protocol(why)) => why,
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rejects_malformed_replies_naming_what_is_wrong() {
+        assert!(protocol(int(1)).contains("expected an array"));
+        assert!(protocol(Value::Array(vec![])).contains("ends before the kind"));
+        assert!(protocol(Value::Array(vec![bulk("dup"), bulk("")])).contains("request id"));
+        assert!(
+            protocol(Value::Array(vec![bulk("dup"), bulk("r"), int(0)])).contains("past the end")
+        );
+        assert!(protocol(Value::Array(vec![bulk("maybe")])).contains("unknown kind"));
+        let odd = reply(&[head("perhaps", "0"), limits(false)]);
+        assert!(protocol(odd).contains("unknown outcome"));
+
+        // Counts that do not match the plan.
+        let mut wrong_signals = head("allow", "0");
+        wrong_signals[6] = int(3);
+        assert!(protocol(reply(&[wrong_signals, limits(false)])).contains("signal count"));
+        let mut wrong_limits = limits(false);
+        wrong_limits[0] = int(1);
+        assert!(protocol(reply(&[head("allow", "0"), wrong_limits])).contains("limit count"));
+        assert!(protocol(reply(&[head("score", "1"), limits(false)])).contains("limit count"));
+
+        // Truncated and overlong.
+        let mut short = limits(false);
+        short.pop();
+        assert!(protocol(reply(&[head("allow", "0"), short])).contains("limit 1 (p:s:ip:1) retry"));
+        assert!(
+            protocol(reply(&[head("allow", "0"), limits(false), vec![int(0)]]))
+                .contains("past the end")
+        );
+
+        // Values out of their domain.
+        assert!(protocol(reply(&[head("allow", "1.5"), limits(false)])).contains("the score"));
+        assert!(protocol(reply(&[head("allow", "nan"), limits(false)])).contains("the score"));
+        let mut tri = head("allow", "0");
+        tri[4] = int(2);
+        assert!(protocol(reply(&[tri, limits(false)])).contains("new_account"));
+        let mut neg = head("allow", "0");
+        neg[3] = int(-1);
+        assert!(protocol(reply(&[neg, limits(false)])).contains("points"));
+        let mut share = head("allow", "0");
+        share[9] = bulk("x");
+        assert!(protocol(reply(&[share, limits(false)])).contains("signal \"upn\" share"));
+        let mut typed = head("allow", "0");
+        typed[8] = bulk("3");
+        assert!(protocol(reply(&[typed, limits(false)])).contains("expected an integer"));
+        let mut fired = head("allow", "0");
+        fired[14] = int(1);
+        assert!(protocol(reply(&[fired, limits(false)])).contains("fired without applying"));
+
+        // An outcome its limits contradict.
+        assert!(protocol(reply(&[head("allow", "0"), limits(true)])).contains("exceeded"));
+        assert!(
+            protocol(reply(&[head("deny", "0"), limits(false)])).contains("without an exceeded")
+        );
+    }
+}
