@@ -44,7 +44,7 @@ pub fn write(scenario: &Scenario, seed: u64, out: &mut impl Write) -> io::Result
     let (populations, mut records) = generate(scenario, seed);
     // Stable: lines at the same instant keep their generation order. At one instant an
     // event goes before a check, so a payment delivered with a claim counts for it.
-    records.sort_by_key(|r| (r.at_ms, matches!(r.kind, Kind::Check(_))));
+    records.sort_by_key(|r| (r.at_ms, matches!(r.kind, Kind::Check { .. })));
     let mut out = BufWriter::new(out);
     let mut summary = Summary::default();
     for record in &records {
@@ -54,7 +54,7 @@ pub fn write(scenario: &Scenario, seed: u64, out: &mut impl Write) -> io::Result
         out.write_all(b"\n")?;
         summary.lines += 1;
         match record.kind {
-            Kind::Check(_) => {
+            Kind::Check { .. } => {
                 summary.checks += 1;
                 // Look up before inserting: one allocation per label, not per line.
                 match summary.by_label.get_mut(population.label) {
@@ -82,8 +82,11 @@ enum Device {
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
-    /// A claim from this device.
-    Check(Device),
+    /// A claim from this device. A real user's claim is one action of theirs, which their
+    /// backend sends with an idempotency key (`<user>-c<claim>`): a double click's copy
+    /// carries its original's key, as the seed asks of a backend, so it is answered as a
+    /// repeat and consumes nothing. A script's tries are each a new action: no key.
+    Check { device: Device, claim: Option<u16> },
     /// The user's `payment_succeeded` event.
     Payment,
 }
@@ -228,19 +231,23 @@ impl Crowd<'_> {
                 s.start_ms
                     .saturating_sub(rng.random_range(60 * DAY..=3 * 365 * DAY))
             };
-            let check = |at_ms| Record {
+            let check = |at_ms, claim: usize| Record {
                 at_ms,
                 when_ms: created_ms,
-                kind: Kind::Check(device),
+                kind: Kind::Check {
+                    device,
+                    claim: Some(u16::try_from(claim).unwrap_or(u16::MAX)),
+                },
                 ip,
                 population: self.population,
                 user,
             };
-            for &at in &times {
-                out.push(check(at));
+            for (claim, &at) in times.iter().enumerate() {
+                out.push(check(at, claim));
                 if double[u] {
-                    // Same body; the replayer gives each its own request id.
-                    out.push(check(at + rng.random_range(150..=600)));
+                    // Same body and idempotency key; the replayer gives each its own
+                    // request id.
+                    out.push(check(at + rng.random_range(150..=600), claim));
                 }
             }
             if paid[u] {
@@ -280,7 +287,10 @@ fn attack(
             out.push(Record {
                 at_ms: at,
                 when_ms: created_ms,
-                kind: Kind::Check(device),
+                kind: Kind::Check {
+                    device,
+                    claim: None,
+                },
                 ip: proxy(rng, &a.proxies, &pool),
                 population,
                 user: account,
@@ -341,7 +351,7 @@ fn mask(rng: &mut ChaCha8Rng, n: u64, k: u64) -> Vec<bool> {
 fn to_line(s: &Scenario, p: &Population<'_>, r: &Record) -> Line {
     let user_id = format!("{}-{:06}", p.id_prefix, r.user);
     match r.kind {
-        Kind::Check(device) => {
+        Kind::Check { device, claim } => {
             let device_id = match device {
                 Device::Random(bits) => format!("d{bits:016x}"),
                 Device::Farm(k) => format!("farm{}-{k:05}", p.cohort),
@@ -350,12 +360,18 @@ fn to_line(s: &Scenario, p: &Population<'_>, r: &Record) -> Line {
             // sorted unless built with `preserve_order`, and either order is stable.
             let mut check = Map::new();
             check.insert("scene".into(), Value::String(s.scene.clone()));
-            check.insert("user_id".into(), Value::String(user_id));
+            check.insert("user_id".into(), Value::String(user_id.clone()));
             check.insert("device_id".into(), Value::String(device_id));
             check.insert("ip".into(), Value::String(r.ip.to_string()));
             check.insert("user_created_at".into(), Value::String(rfc3339(r.when_ms)));
             if let Some(activity) = &s.activity_id {
                 check.insert("activity_id".into(), Value::String(activity.clone()));
+            }
+            if let Some(claim) = claim {
+                check.insert(
+                    "idempotency_key".into(),
+                    Value::String(format!("{user_id}-c{claim}")),
+                );
             }
             Line::Check {
                 at_ms: r.at_ms,
