@@ -44,7 +44,7 @@ pub fn write(scenario: &Scenario, seed: u64, out: &mut impl Write) -> io::Result
     let (populations, mut records) = generate(scenario, seed);
     // Stable: lines at the same instant keep their generation order. At one instant an
     // event goes before a check, so a payment delivered with a claim counts for it.
-    records.sort_by_key(|r| (r.at_ms, matches!(r.kind, Kind::Check { .. })));
+    records.sort_by_key(|r| (r.at_ms, matches!(r.kind, Kind::Check(_))));
     let mut out = BufWriter::new(out);
     let mut summary = Summary::default();
     for record in &records {
@@ -54,7 +54,7 @@ pub fn write(scenario: &Scenario, seed: u64, out: &mut impl Write) -> io::Result
         out.write_all(b"\n")?;
         summary.lines += 1;
         match record.kind {
-            Kind::Check { .. } => {
+            Kind::Check(_) => {
                 summary.checks += 1;
                 // Look up before inserting: one allocation per label, not per line.
                 match summary.by_label.get_mut(population.label) {
@@ -82,11 +82,8 @@ enum Device {
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
-    /// A claim from this device. A real user's claim is one action of theirs, which their
-    /// backend sends with an idempotency key (`<user>-c<claim>`): a double click's copy
-    /// carries its original's key, as the seed asks of a backend, so it is answered as a
-    /// repeat and consumes nothing. A script's tries are each a new action: no key.
-    Check { device: Device, claim: Option<u16> },
+    /// A claim from this device.
+    Check(Device),
     /// The user's `payment_succeeded` event.
     Payment,
 }
@@ -100,6 +97,9 @@ struct Record {
     kind: Kind,
     /// Unused by payments.
     ip: IpAddr,
+    /// A double click's copy: how long after the click it copies, in 4 ms steps (0: not
+    /// a copy). One byte keeps a record at 56 bytes.
+    copy_after: u8,
     /// Index into the populations table.
     population: u16,
     user: u32,
@@ -111,6 +111,11 @@ struct Population<'a> {
     id_prefix: &'a str,
     /// The attacker cohort, which names its farm devices.
     cohort: usize,
+    /// Real users' claims carry an idempotency key, `<user>-<ms of the click>`: each
+    /// claim is one action of theirs, and a double click's copy carries its original's
+    /// key, as the seed asks of a backend, so it is answered as that claim's repeat and
+    /// consumes nothing. A script's tries are each a new action: no key.
+    actions_keyed: bool,
 }
 
 /// Stream numbers: the population kind in the high half, its position in the low half.
@@ -146,6 +151,7 @@ fn generate(scenario: &Scenario, seed: u64) -> (Vec<Population<'_>>, Vec<Record>
             label: &h.label,
             id_prefix: &h.id_prefix,
             cohort: 0,
+            actions_keyed: true,
         });
     }
     for (i, n) in scenario.nats.iter().enumerate() {
@@ -168,6 +174,7 @@ fn generate(scenario: &Scenario, seed: u64) -> (Vec<Population<'_>>, Vec<Record>
             label: &n.label,
             id_prefix: &n.id_prefix,
             cohort: 0,
+            actions_keyed: true,
         });
     }
     for (i, a) in scenario.attackers.iter().enumerate() {
@@ -183,6 +190,7 @@ fn generate(scenario: &Scenario, seed: u64) -> (Vec<Population<'_>>, Vec<Record>
             label: &a.label,
             id_prefix: &a.id_prefix,
             cohort: a.cohort,
+            actions_keyed: false,
         });
     }
     (populations, records)
@@ -231,23 +239,23 @@ impl Crowd<'_> {
                 s.start_ms
                     .saturating_sub(rng.random_range(60 * DAY..=3 * 365 * DAY))
             };
-            let check = |at_ms, claim: usize| Record {
+            let check = |at_ms, copy_after| Record {
                 at_ms,
                 when_ms: created_ms,
-                kind: Kind::Check {
-                    device,
-                    claim: Some(u16::try_from(claim).unwrap_or(u16::MAX)),
-                },
+                kind: Kind::Check(device),
+                copy_after,
                 ip,
                 population: self.population,
                 user,
             };
-            for (claim, &at) in times.iter().enumerate() {
-                out.push(check(at, claim));
+            for &at in &times {
+                out.push(check(at, 0));
                 if double[u] {
                     // Same body and idempotency key; the replayer gives each its own
                     // request id.
-                    out.push(check(at + rng.random_range(150..=600), claim));
+                    // 152 to 600 ms later.
+                    let after = rng.random_range(38..=150u8);
+                    out.push(check(at + 4 * u64::from(after), after));
                 }
             }
             if paid[u] {
@@ -287,10 +295,8 @@ fn attack(
             out.push(Record {
                 at_ms: at,
                 when_ms: created_ms,
-                kind: Kind::Check {
-                    device,
-                    claim: None,
-                },
+                kind: Kind::Check(device),
+                copy_after: 0,
                 ip: proxy(rng, &a.proxies, &pool),
                 population,
                 user: account,
@@ -327,6 +333,7 @@ fn payment(s: &Scenario, population: u16, user: u32, occurred_ms: u64) -> Record
         when_ms: occurred_ms,
         kind: Kind::Payment,
         ip: IpAddr::from([0, 0, 0, 0]),
+        copy_after: 0,
         population,
         user,
     }
@@ -351,7 +358,7 @@ fn mask(rng: &mut ChaCha8Rng, n: u64, k: u64) -> Vec<bool> {
 fn to_line(s: &Scenario, p: &Population<'_>, r: &Record) -> Line {
     let user_id = format!("{}-{:06}", p.id_prefix, r.user);
     match r.kind {
-        Kind::Check { device, claim } => {
+        Kind::Check(device) => {
             let device_id = match device {
                 Device::Random(bits) => format!("d{bits:016x}"),
                 Device::Farm(k) => format!("farm{}-{k:05}", p.cohort),
@@ -367,10 +374,11 @@ fn to_line(s: &Scenario, p: &Population<'_>, r: &Record) -> Line {
             if let Some(activity) = &s.activity_id {
                 check.insert("activity_id".into(), Value::String(activity.clone()));
             }
-            if let Some(claim) = claim {
+            if p.actions_keyed {
+                let original = r.at_ms - 4 * u64::from(r.copy_after);
                 check.insert(
                     "idempotency_key".into(),
-                    Value::String(format!("{user_id}-c{claim}")),
+                    Value::String(format!("{user_id}-{original}")),
                 );
             }
             Line::Check {
