@@ -181,6 +181,13 @@ impl RedisServer {
         DebugSleep::start(self.port, chunk)
     }
 
+    /// Starts `MONITOR` on a side connection: [`Monitor::client_commands`] then gives the
+    /// commands clients sent, in order, without those a script ran inside the server
+    /// (which `INFO commandstats` counts alike).
+    pub fn monitor(&self) -> Monitor {
+        Monitor::start(self.port)
+    }
+
     /// How many times Redis ran each command, from `INFO commandstats` (lower-case names).
     pub fn command_calls(&self) -> std::collections::BTreeMap<String, u64> {
         let info: String = redis::cmd("INFO")
@@ -304,4 +311,50 @@ pub fn free_port() -> u16 {
         .local_addr()
         .expect("local addr")
         .port()
+}
+
+/// A `MONITOR` connection (see [`RedisServer::monitor`]).
+pub struct Monitor {
+    reader: BufReader<TcpStream>,
+    port: u16,
+}
+
+impl Monitor {
+    fn start(port: u16) -> Monitor {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("monitor connects");
+        stream.write_all(b"MONITOR\r\n").expect("MONITOR sent");
+        let mut reader = BufReader::new(stream);
+        let mut ok = String::new();
+        reader.read_line(&mut ok).expect("MONITOR answered");
+        assert_eq!(ok.trim_end(), "+OK", "MONITOR refused: {ok}");
+        Monitor { reader, port }
+    }
+
+    /// The lower-case names of the commands clients sent since the monitor started (not
+    /// those run by scripts, `[0 lua]`), up to an `ECHO` this call sends to mark the end.
+    pub fn client_commands(mut self) -> Vec<String> {
+        const END: &str = "vigia-monitor-end";
+        let mut marker = TcpStream::connect(("127.0.0.1", self.port)).expect("connects");
+        marker
+            .write_all(format!("ECHO {END}\r\n").as_bytes())
+            .expect("ECHO sent");
+        let mut names = Vec::new();
+        loop {
+            let mut line = String::new();
+            let n = self.reader.read_line(&mut line).expect("monitor line");
+            assert!(n > 0, "MONITOR ended before the end marker");
+            // +1700000000.123456 [0 127.0.0.1:5555] "evalsha" "…" …
+            let Some((source, command)) = line.split_once("] ") else {
+                continue;
+            };
+            if line.contains(END) {
+                return names;
+            }
+            if source.ends_with(" lua") {
+                continue;
+            }
+            let name = command.split('"').nth(1).unwrap_or_default().to_lowercase();
+            names.push(name);
+        }
+    }
 }

@@ -15,6 +15,7 @@ mod http_errors;
 mod ops;
 mod reload;
 mod scoring;
+mod signals_shared;
 mod simulate;
 mod store_embedded;
 mod store_redis;
