@@ -5,7 +5,6 @@
 
 pub mod decision;
 pub mod gateway;
-pub mod keys;
 pub mod plan;
 pub mod quota;
 pub mod request;
@@ -17,12 +16,12 @@ use serde_json::Value;
 
 use crate::clock::Clock;
 use crate::decide::{Decided, Decider};
+use crate::keys::{DimensionValues, KeySpace};
 use crate::metrics::Metrics;
 use crate::rules::{Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
 use crate::store::{RefundOp, StoreError, WindowStore};
 use decision::{reason, CheckResponse, RateLimitInfo};
 use gateway::Gateways;
-use keys::{DimensionValues, KeySpace};
 pub use request::{CheckRequest, RequestError};
 
 /// How long a store-unavailable deny tells the client to wait.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
-use super::keys::DimensionValues;
+use crate::keys::DimensionValues;
 use crate::rules::{Dimension, RuleSet, Scene};
 
 /// Longest id accepted (user, device, activity, idempotency key), in bytes.

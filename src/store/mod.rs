@@ -24,7 +24,7 @@ pub const EXPIRY_MARGIN_MS: u64 = 1000;
 /// One limit of a check as the store sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitOp {
-    /// Key in the store, already encoded (see `check::keys`).
+    /// Key in the store, already encoded (see [`crate::keys`]).
     pub key: String,
     pub algorithm: Algorithm,
     pub window_ms: u64,

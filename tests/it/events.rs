@@ -713,6 +713,6 @@ async fn the_redis_ledger_marks_first_sightings_with_a_bounded_retention() {
         .arg("lt:user-seen:uid:u%3A1")
         .query(&mut redis.conn())
         .unwrap();
-    let retention = vigia::trust::redis_ledger::SEEN_RETENTION_MS as i64;
+    let retention = vigia::keys::SEEN_RETENTION_MS as i64;
     assert!(ttl > retention - 60_000 && ttl <= retention, "{ttl}");
 }
