@@ -12,6 +12,7 @@ pub mod clock;
 pub mod config;
 pub mod decide;
 pub mod http;
+pub mod input;
 pub mod keys;
 pub mod metrics;
 pub mod record;

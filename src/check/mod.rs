@@ -16,13 +16,14 @@ use serde_json::Value;
 
 use crate::clock::Clock;
 use crate::decide::{Decided, Decider};
+use crate::input::RequestError;
 use crate::keys::{DimensionValues, KeySpace};
 use crate::metrics::Metrics;
 use crate::rules::{Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
 use crate::store::{RefundOp, StoreError, WindowStore};
 use decision::{reason, CheckResponse, RateLimitInfo};
 use gateway::Gateways;
-pub use request::{CheckRequest, RequestError};
+pub use request::CheckRequest;
 
 /// How long a store-unavailable deny tells the client to wait.
 const STORE_UNAVAILABLE_RETRY_MS: u64 = 1000;

@@ -21,8 +21,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::check::decision::{CheckResponse, Verdict};
-use crate::check::RequestError;
 use crate::clock::rfc3339;
+use crate::input::RequestError;
 
 use super::traffic::Recorded;
 
