@@ -1,6 +1,6 @@
 //! Untrusted JSON in, typed values out: the one validation error ([`RequestError`], a 400
 //! naming the field) and the field readers that `/v1/check` (`check::request`),
-//! `/v1/refund` (`refund`) and `/v1/events` (`trust::event`) share. It sits below
+//! `/v1/refund` ([`crate::refund`]) and `/v1/events` (`trust::event`) share. It sits below
 //! all three so none of them imports another to read an id the same way.
 //!
 //! Ids may be JSON strings or integers (many backends keep numeric user ids). Any byte is

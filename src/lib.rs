@@ -16,6 +16,7 @@ pub mod input;
 pub mod keys;
 pub mod metrics;
 pub mod record;
+pub mod refund;
 pub mod rules;
 pub mod simulate;
 pub mod store;

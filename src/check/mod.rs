@@ -17,10 +17,9 @@ use serde_json::Value;
 use crate::clock::Clock;
 use crate::decide::{Decided, Decider};
 use crate::input::RequestError;
-use crate::keys::{DimensionValues, KeySpace};
 use crate::metrics::Metrics;
 use crate::rules::{Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
-use crate::store::{RefundOp, StoreError, WindowStore};
+use crate::store::{StoreError, WindowStore};
 use decision::{reason, CheckResponse, RateLimitInfo};
 use gateway::Gateways;
 pub use request::CheckRequest;
@@ -28,11 +27,11 @@ pub use request::CheckRequest;
 /// How long a store-unavailable deny tells the client to wait.
 const STORE_UNAVAILABLE_RETRY_MS: u64 = 1000;
 
-/// Runs checks (through a decider) and refunds (on the window store).
+/// Runs checks, through a decider. Refunds are not its business: [`crate::refund`].
 pub struct Checker {
     /// Where a decision is made: one script on Redis, the node's state when embedded.
     decider: Arc<dyn Decider>,
-    /// The same store's windows, for refunds, readiness and durability.
+    /// The same store's windows: its name for the metrics, and readiness (`/readyz`).
     store: Arc<dyn WindowStore>,
     /// The node's own decider, for scenes whose policy is `local` (none: `local` answers
     /// like `fail_close`).
@@ -44,9 +43,9 @@ pub struct Checker {
 }
 
 impl Checker {
-    /// A checker deciding on `decider` and refunding on `store` (the same store's
-    /// windows), with `local` for scenes whose policy is `local`; `clock` is the service's
-    /// one clock (gateway buckets, request ids).
+    /// A checker deciding on `decider` (over `store`'s windows), with `local` for scenes
+    /// whose policy is `local`; `clock` is the service's one clock (gateway buckets,
+    /// request ids).
     pub fn new(
         decider: Arc<dyn Decider>,
         store: Arc<dyn WindowStore>,
@@ -145,8 +144,7 @@ impl Checker {
         plan: &crate::decide::CheckPlan,
         e: &StoreError,
     ) -> Option<Decided> {
-        self.metrics
-            .store_error(self.store.kind(), store_error_kind(e));
+        self.metrics.store_error(self.store.kind(), e.kind());
         self.metrics
             .degraded(&scene.name, scene.on_store_error.name());
         // Per request at debug only: an outage is logged once, when the breaker opens.
@@ -173,56 +171,6 @@ impl Checker {
         }
         m.check_latency(&scene.name, started.elapsed().as_secs_f64());
     }
-
-    /// Validates a `/v1/refund` body and gives the request's quota back in every key it
-    /// counted in. `Ok(false)` when the store does not know the request.
-    pub async fn refund(
-        &self,
-        rules: &RuleSet,
-        body: &Value,
-    ) -> Result<Result<bool, StoreError>, RequestError> {
-        let op = self.refund_op(rules, body)?;
-        Ok(self.refund_with(&op).await)
-    }
-
-    /// The store op that refunds the request a `/v1/refund` body (or a
-    /// `benefit_rolled_back` event) names, computed once so it can be journaled and
-    /// replayed later against the same keys.
-    pub fn refund_op(&self, rules: &RuleSet, body: &Value) -> Result<RefundOp, RequestError> {
-        let req = request::parse_refund(rules, body)?;
-        let ks = KeySpace {
-            prefix: &self.key_prefix,
-            scene: &req.scene.name,
-        };
-        Ok(RefundOp {
-            record_key: ks.record_key(&req.request_id),
-            request_id: req.request_id.clone(),
-            keys: refund_keys(&ks, &req.scene, &req.values),
-        })
-    }
-
-    /// Runs a refund op against the store. `Ok(false)` when the store does not know the
-    /// request (never counted, expired, or already refunded): replaying a refund is harmless.
-    pub async fn refund_with(&self, op: &RefundOp) -> Result<bool, StoreError> {
-        let result = self.store.refund(op).await;
-        if let Err(e) = &result {
-            self.metrics
-                .store_error(self.store.kind(), store_error_kind(e));
-        }
-        result
-    }
-}
-
-/// Every key the scene's limits make from these values, without repeats.
-fn refund_keys(ks: &KeySpace, scene: &Scene, values: &DimensionValues) -> Vec<String> {
-    let mut keys: Vec<String> = scene
-        .limits
-        .iter()
-        .filter_map(|l| ks.limit_key(l, values))
-        .collect();
-    keys.sort();
-    keys.dedup();
-    keys
 }
 
 fn dimension_label(limit: &Limit) -> String {
@@ -232,13 +180,4 @@ fn dimension_label(limit: &Limit) -> String {
         .map(|d| d.name())
         .collect::<Vec<_>>()
         .join("+")
-}
-
-fn store_error_kind(e: &StoreError) -> &'static str {
-    match e {
-        StoreError::Timeout(_) => "timeout",
-        StoreError::Unavailable(_) => "unavailable",
-        StoreError::Protocol(_) => "protocol",
-        StoreError::CircuitOpen => "circuit_open",
-    }
 }

@@ -28,14 +28,6 @@ pub struct CheckRequest {
     pub device_invalid: bool,
 }
 
-/// A valid refund: the request to give back and the dimension values it was checked with.
-#[derive(Debug, Clone)]
-pub struct RefundRequest {
-    pub scene: Arc<Scene>,
-    pub request_id: String,
-    pub values: DimensionValues,
-}
-
 /// Every field a `/v1/check` body may carry: anything else is refused, so a misspelt
 /// `dryRun` cannot record a real request.
 const CHECK_FIELDS: [&str; 10] = [
@@ -108,22 +100,5 @@ pub fn parse_check(
         user_created_at,
         dry_run,
         device_invalid,
-    })
-}
-
-/// Validates a `/v1/refund` body: the scene, the request id, and the dimension values
-/// the check carried (used to find the keys the request counted in).
-pub fn parse_refund(rules: &RuleSet, body: &Value) -> Result<RefundRequest, RequestError> {
-    let obj = object(body)?;
-    let scene = scene(rules, obj)?;
-    if obj.get("request_id").is_none_or(Value::is_null) {
-        return Err(RequestError::invalid("request_id", "is required"));
-    }
-    let request_id = request_id(obj, 0)?;
-    let (values, _) = values(rules, obj)?;
-    Ok(RefundRequest {
-        scene,
-        request_id,
-        values,
     })
 }

@@ -102,7 +102,7 @@ pub async fn refund(
 ) -> Result<HttpResponse, ApiError> {
     super::auth::require_admin(&req, &state.auth.admin_token)?;
     let rules = state.rules.current();
-    let refunded = state.checker.refund(&rules, &body).await??;
+    let refunded = state.refunds.refund(&rules, &body).await??;
     Ok(HttpResponse::Ok().json(RefundAnswer { refunded }))
 }
 

@@ -98,6 +98,19 @@ pub enum StoreError {
     CircuitOpen,
 }
 
+impl StoreError {
+    /// Its name in the store-errors metric: `timeout`, `unavailable`, `protocol`,
+    /// `circuit_open`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Protocol(_) => "protocol",
+            StoreError::CircuitOpen => "circuit_open",
+        }
+    }
+}
+
 /// The atomic window store. Implementations must evaluate a whole [`CheckOp`] atomically
 /// with respect to every other op on the same keys.
 #[async_trait]
