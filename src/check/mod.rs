@@ -20,7 +20,7 @@ use crate::input::RequestError;
 use crate::metrics::Metrics;
 use crate::rules::{Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
 use crate::store::{StoreError, WindowStore};
-use decision::{reason, CheckResponse, RateLimitInfo};
+use decision::{CheckResponse, Decision, FriendlyDeny, Reason};
 use gateway::Gateways;
 pub use request::CheckRequest;
 
@@ -88,27 +88,20 @@ impl Checker {
         Ok(resp)
     }
 
+    /// Runs the stages in order; the first that denies decides, and each stage's answer
+    /// is a [`Decision`] value the response carries to the HTTP layer.
     async fn decide(&self, rules: &RuleSet, req: &CheckRequest) -> CheckResponse {
         let scene = &req.scene;
         let mut resp = CheckResponse::allow(&scene.name, &req.request_id, &rules.version);
         if req.device_invalid {
-            resp.silent_deny(reason::INVALID_DEVICE_ID);
+            resp.decision = Decision::silent(Reason::InvalidDeviceId);
             return resp;
         }
         // Resource layer first: a deny here costs the store nothing. A dry run records
         // nothing, so it takes no token either.
         if !req.dry_run {
-            if let Err(wait_ms) = self.gateways.admit(&scene.name) {
-                resp.friendly_deny(Layer::Resource, reason::GATEWAY_RATE, scene, wait_ms);
-                if let Some(g) = scene.gateway {
-                    resp.rate_limit = Some(RateLimitInfo {
-                        name: reason::GATEWAY_RATE.into(),
-                        quota: u64::from(g.rate_per_s),
-                        window_s: 1,
-                        remaining: 0,
-                        reset_s: decision::ceil_secs(wait_ms),
-                    });
-                }
+            if let Err(deny) = self.gateways.admit(scene) {
+                resp.decision = Decision::FriendlyDeny(deny);
                 return resp;
             }
         }
@@ -119,20 +112,14 @@ impl Checker {
                 resp.degraded = true;
                 match self.on_store_error(scene, &plan, &e).await {
                     Some(decided) => decided,
-                    None if scene.on_store_error == StoreErrorPolicy::FailOpen => return resp,
                     None => {
-                        resp.friendly_deny(
-                            Layer::Resource,
-                            reason::STORE_UNAVAILABLE,
-                            scene,
-                            STORE_UNAVAILABLE_RETRY_MS,
-                        );
+                        resp.decision = without_store(scene);
                         return resp;
                     }
                 }
             }
         };
-        decision::fill(&mut resp, scene, &plan, &index, decided);
+        resp.decision = decision::fill(&mut resp, scene, &plan, &index, decided);
         resp
     }
 
@@ -158,11 +145,12 @@ impl Checker {
 
     fn record(&self, scene: &Scene, resp: &CheckResponse, started: Instant) {
         let m = &self.metrics;
+        let d = &resp.decision;
         m.decision(
             &scene.name,
-            resp.decision.name(),
-            resp.layer.map_or("none", Layer::name),
-            resp.reason.as_deref().unwrap_or("none"),
+            d.verdict().name(),
+            d.layer().map_or("none", Layer::name),
+            d.reason().map_or("none", Reason::name),
         );
         for l in resp.limits.iter().filter(|l| l.exceeded) {
             if let Some(limit) = scene.limits.iter().find(|s| s.name == l.name) {
@@ -170,6 +158,17 @@ impl Checker {
             }
         }
         m.check_latency(&scene.name, started.elapsed().as_secs_f64());
+    }
+}
+
+/// The answer when neither the store nor the node could decide: `fail_open` allows;
+/// `fail_close`, and `local` without a local answer, deny until the store is back.
+fn without_store(scene: &Scene) -> Decision {
+    match scene.on_store_error {
+        StoreErrorPolicy::FailOpen => Decision::Allow,
+        StoreErrorPolicy::FailClose | StoreErrorPolicy::Local => Decision::FriendlyDeny(
+            FriendlyDeny::new(Reason::StoreUnavailable, scene, STORE_UNAVAILABLE_RETRY_MS),
+        ),
     }
 }
 
