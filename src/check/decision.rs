@@ -648,7 +648,7 @@ layer = "security"
             assert_eq!(body["decision"], json!(decision), "{body}");
             assert_eq!(body["layer"], layer, "{body}");
             assert_eq!(body["reason"], reason, "{body}");
-            if decision != "friendly_deny" {
+            if resp.decision.verdict() != Verdict::FriendlyDeny {
                 // A silent deny tells nothing an allow would not.
                 assert_eq!(body["message"], Value::Null, "{body}");
                 assert_eq!(body["retry_after_ms"], Value::Null, "{body}");

@@ -5,7 +5,7 @@
 //! The buckets live in an immutable map swapped whole when the rule set changes; a scene
 //! whose gateway settings did not change keeps its bucket (a reload never refills it).
 //!
-//! Time is the service's one [`Clock`](crate::clock::Clock) (so a simulated day refills
+//! Time is the service's one [`Clock`] (so a simulated day refills
 //! them as a real one would), read by governor as a `Duration` since the epoch. A wall
 //! clock stepped back only stops refilling until it catches up; the burst covers that.
 

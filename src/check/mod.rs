@@ -1,7 +1,13 @@
 //! The check path as one readable async fn: validate -> gateway -> plan (keys, overrides,
 //! caps, weights) -> decide (trust, signals, score, limits: one step on the store) ->
-//! response. Each stage is its own module; this one only sequences them and records
-//! telemetry. The rule set is one snapshot passed in by the caller and used throughout.
+//! decision. Each stage is its own module and answers with a value — a typed request or a
+//! 400, a [`Decision`] or the go-ahead — and this one only sequences them and records
+//! telemetry; the HTTP layer makes the response from the decision. The rule set is one
+//! snapshot passed in by the caller and used throughout.
+//!
+//! It builds on [`crate::keys`], [`crate::input`] and the deciders ([`crate::decide`]);
+//! trust is the deciders' to read, and refunds are [`crate::refund`]'s: nothing here
+//! imports `trust` or `refund`.
 
 pub mod decision;
 pub mod gateway;

@@ -1,4 +1,5 @@
-//! `/v1/check` and `/v1/refund`: the status and headers of each decision.
+//! `/v1/check` and `/v1/refund`. [`respond`] is the one place a check's [`Decision`]
+//! becomes HTTP: status, headers and body.
 //!
 //! A silent deny is a 200 with no header an allow would not have: the backend reads the
 //! body, the abuser sees success. A friendly deny is a 429 (or 503 when the store is down
