@@ -19,6 +19,7 @@ use crate::http::recording::Recording;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::record::{RecordError, Recorder};
+use crate::refund::Refunds;
 use crate::rules::{self, watch, Reloader, RuleErrors, RuleSet, RulesHandle, Trigger};
 use crate::store::breaker::Breaker;
 use crate::store::embedded::EmbeddedStore;
@@ -106,11 +107,12 @@ fn redis_clock(clock: &Arc<dyn Clock>) -> Option<Arc<dyn Clock>> {
     (!clock.is_wall()).then(|| clock.clone())
 }
 
-/// The parts that decide: the checker over its stores, the behaviour actors, the trust
-/// ledger and the events service. What `serve` adds around them (rules handle, reload,
+/// The parts that decide: the checker over its stores, refunds on the same windows, the
+/// behaviour actors, the trust ledger and the events service. What `serve` adds around them (rules handle, reload,
 /// HTTP) is in [`build`]; `vigia simulate` drives these directly.
 pub struct Core {
     pub checker: Arc<Checker>,
+    pub refunds: Arc<Refunds>,
     pub events: Arc<Events>,
     pub behaviours: Behaviours,
     pub ledger: Arc<dyn TrustLedger>,
@@ -252,6 +254,11 @@ pub async fn build_core(
         &events_dir,
     )
     .await?;
+    let refunds = Arc::new(Refunds::new(
+        store.clone(),
+        metrics.clone(),
+        &config.store.key_prefix,
+    ));
     let checker = Checker::new(
         decider,
         store,
@@ -262,19 +269,20 @@ pub async fn build_core(
     );
     checker.sync_rules(ruleset);
     let checker = Arc::new(checker);
-    // Events apply through the checker (a rollback is a refund) and the same ledger the
-    // checks read.
+    // Events award to the ledger the checks read, and refund (a rollback) on the windows
+    // they count in.
     let events = Events::open_in(
         events_db,
         &events_dir,
         ledger.clone(),
-        checker.clone(),
+        refunds.clone(),
         metrics.clone(),
         clock,
     )
     .map_err(StartError::Events)?;
     Ok(Core {
         checker,
+        refunds,
         events,
         behaviours,
         ledger,
@@ -337,6 +345,7 @@ pub async fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Service, St
     let state = web::Data::new(AppState {
         rules,
         checker: core.checker,
+        refunds: core.refunds,
         metrics,
         last_rules_error,
         reloader,

@@ -1,18 +1,26 @@
-//! The decision: what one check answers, as the value the HTTP layer serialises.
+//! The decision: what one check answers, as one value ([`Decision`]) that each stage of
+//! the check path returns — the device-id check, the gateway, the scene's store-failure
+//! policy, the decider's answer ([`fill`]) — and the HTTP layer turns into status, headers
+//! and body in one place (`http::check::respond`). Why a request was denied is a
+//! [`Reason`], never a string to compare: its name is only written, into the body, the
+//! metrics and the recorded traffic.
 //!
 //! The layers rank: security outranks business (a request that trips both is a silent
 //! deny — an abuser learns nothing), and the resource layer answers before either is asked.
 //! A friendly deny's `retry_after_ms` is when every exceeded limit admits again, so a
 //! client that honours it is not denied a second time by another limit.
 
-use serde::Serialize;
-use utoipa::ToSchema;
+use std::borrow::Cow;
+
+use serde::{Serialize, Serializer};
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 
 use super::plan::NEW_ACCOUNT;
 use crate::decide::{CheckPlan, Decided, LimitPlan, LimitValue, Outcome};
 use crate::rules::{Layer, Limit, Scene};
 
-/// The three answers.
+/// The three answers, as the body's `decision` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
@@ -31,12 +39,138 @@ impl Verdict {
     }
 }
 
-/// Why a request was decided the way it was, when it was not a plain allow.
-pub mod reason {
-    pub const GATEWAY_RATE: &str = "gateway_rate";
-    pub const STORE_UNAVAILABLE: &str = "store_unavailable";
-    pub const INVALID_DEVICE_ID: &str = "invalid_device_id";
-    pub const SCORE: &str = "score";
+/// Why a request was denied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    /// A limit of the scene, by name: a business limit denies friendly, a security limit
+    /// silently.
+    Limit(String),
+    /// The score reached the scene's `silent_deny_at`.
+    Score,
+    /// The scene's gateway bucket is empty (resource layer).
+    GatewayRate,
+    /// The store could not answer and the scene fails closed (resource layer).
+    StoreUnavailable,
+    /// The device id fails the rule set's pattern, or is absurdly long: forged.
+    InvalidDeviceId,
+}
+
+impl Reason {
+    /// Its name on the wire: the body's `reason`, the metrics label, the recorded line.
+    pub fn name(&self) -> &str {
+        match self {
+            Reason::Limit(name) => name,
+            Reason::Score => "score",
+            Reason::GatewayRate => "gateway_rate",
+            Reason::StoreUnavailable => "store_unavailable",
+            Reason::InvalidDeviceId => "invalid_device_id",
+        }
+    }
+}
+
+impl Serialize for Reason {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// What the `RateLimit-Policy` and `RateLimit` headers describe: the limit that denied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateLimitInfo {
+    pub name: String,
+    pub quota: u64,
+    pub window_s: u64,
+    pub remaining: u64,
+    pub reset_s: u64,
+}
+
+/// A friendly deny: the client may come back, and is told when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FriendlyDeny {
+    /// A business limit's name, `gateway_rate` or `store_unavailable`.
+    pub reason: Reason,
+    /// The scene's `deny_message`.
+    pub message: Option<String>,
+    /// When every exceeded limit admits again; at least 1.
+    pub retry_after_ms: u64,
+    /// The limit (or gateway bucket) that denied, for the `RateLimit-*` headers; `None`
+    /// when no limit did (the store is down).
+    pub rate_limit: Option<RateLimitInfo>,
+}
+
+impl FriendlyDeny {
+    /// A friendly deny of `scene` (its message) for `reason`, to retry in `retry_after_ms`.
+    pub fn new(reason: Reason, scene: &Scene, retry_after_ms: u64) -> Self {
+        FriendlyDeny {
+            reason,
+            message: scene.deny_message.clone(),
+            retry_after_ms: retry_after_ms.max(1),
+            rate_limit: None,
+        }
+    }
+
+    /// The same, naming the limit that denied in the `RateLimit-*` headers.
+    pub fn with_rate_limit(self, rate_limit: RateLimitInfo) -> Self {
+        FriendlyDeny {
+            rate_limit: Some(rate_limit),
+            ..self
+        }
+    }
+
+    /// A limit's deny is the business layer's (a security limit denies silently); the
+    /// gateway's and the store's are the resource layer's.
+    pub fn layer(&self) -> Layer {
+        match self.reason {
+            Reason::Limit(_) => Layer::Business,
+            _ => Layer::Resource,
+        }
+    }
+}
+
+/// What one check decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    Allow,
+    /// 429 (503 for `store_unavailable`) with `Retry-After`, and the message.
+    FriendlyDeny(FriendlyDeny),
+    /// Looks like an allow on the wire; only the body tells the backend.
+    SilentDeny {
+        reason: Reason,
+    },
+}
+
+impl Decision {
+    /// A silent deny for `reason`.
+    pub fn silent(reason: Reason) -> Self {
+        Decision::SilentDeny { reason }
+    }
+
+    pub fn verdict(&self) -> Verdict {
+        match self {
+            Decision::Allow => Verdict::Allow,
+            Decision::FriendlyDeny(_) => Verdict::FriendlyDeny,
+            Decision::SilentDeny { .. } => Verdict::SilentDeny,
+        }
+    }
+
+    /// The layer that denied; `None` for an allow. Every silent deny is the security
+    /// layer's.
+    pub fn layer(&self) -> Option<Layer> {
+        match self {
+            Decision::Allow => None,
+            Decision::FriendlyDeny(d) => Some(d.layer()),
+            Decision::SilentDeny { .. } => Some(Layer::Security),
+        }
+    }
+
+    /// Why the request was denied; `None` for an allow.
+    pub fn reason(&self) -> Option<&Reason> {
+        match self {
+            Decision::Allow => None,
+            Decision::FriendlyDeny(d) => Some(&d.reason),
+            Decision::SilentDeny { reason } => Some(reason),
+        }
+    }
 }
 
 /// One limit as the response reports it.
@@ -73,86 +207,118 @@ pub struct TrustReport {
     pub points: u32,
 }
 
-/// What the `RateLimit-Policy` and `RateLimit` headers describe: the limit that denied.
+/// Everything one `/v1/check` answers: the decision and what the check learnt on the way.
+/// It serialises as the body of API.md ([`Body`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct RateLimitInfo {
-    pub name: String,
-    pub quota: u64,
-    pub window_s: u64,
-    pub remaining: u64,
-    pub reset_s: u64,
-}
-
-/// The body of every `/v1/check` answer, and what the HTTP layer needs beside it.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct CheckResponse {
-    pub decision: Verdict,
+    pub decision: Decision,
     pub request_id: String,
     pub scene: String,
     pub rules_version: String,
-    #[schema(value_type = Option<String>, example = "business")]
-    #[serde(serialize_with = "layer_name")]
-    pub layer: Option<Layer>,
-    pub reason: Option<String>,
-    pub message: Option<String>,
-    pub retry_after_ms: Option<u64>,
     pub score: f64,
     pub degraded: bool,
     pub duplicate_of: Option<String>,
     pub limits: Vec<LimitReport>,
     pub signals: Vec<SignalReport>,
     pub trust: TrustReport,
-    /// For the headers of a friendly deny; not part of the body.
-    #[serde(skip)]
-    #[schema(ignore)]
-    pub rate_limit: Option<RateLimitInfo>,
-}
-
-fn layer_name<S: serde::Serializer>(l: &Option<Layer>, s: S) -> Result<S::Ok, S::Error> {
-    match l {
-        Some(l) => s.serialize_str(l.name()),
-        None => s.serialize_none(),
-    }
 }
 
 impl CheckResponse {
     /// An allow with nothing counted yet; the pipeline fills the rest.
     pub fn allow(scene: &str, request_id: &str, rules_version: &str) -> Self {
         CheckResponse {
-            decision: Verdict::Allow,
+            decision: Decision::Allow,
             request_id: request_id.to_string(),
             scene: scene.to_string(),
             rules_version: rules_version.to_string(),
-            layer: None,
-            reason: None,
-            message: None,
-            retry_after_ms: None,
             score: 0.0,
             degraded: false,
             duplicate_of: None,
             limits: Vec::new(),
             signals: Vec::new(),
             trust: TrustReport::default(),
-            rate_limit: None,
         }
     }
+}
 
-    /// Turns this into a friendly deny.
-    pub fn friendly_deny(&mut self, layer: Layer, reason: &str, scene: &Scene, retry_ms: u64) {
-        self.decision = Verdict::FriendlyDeny;
-        self.layer = Some(layer);
-        self.reason = Some(reason.to_string());
-        self.message = scene.deny_message.clone();
-        self.retry_after_ms = Some(retry_ms.max(1));
+// The wire form of a `CheckResponse`: the decision spread over `decision`, `layer`,
+// `reason`, `message` and `retry_after_ms`, in API.md's field order (the decision leads, its
+// details follow the ids). Serialising goes through it, and so does the OpenAPI schema, so
+// the two cannot drift apart.
+/// The body of every `/v1/check` answer, the same shape for every decision.
+#[derive(Serialize, ToSchema)]
+pub struct Body<'a> {
+    decision: Verdict,
+    request_id: &'a str,
+    scene: &'a str,
+    rules_version: &'a str,
+    #[schema(value_type = Option<String>, example = "business")]
+    #[serde(serialize_with = "layer_name")]
+    layer: Option<Layer>,
+    #[schema(value_type = Option<String>)]
+    reason: Option<&'a Reason>,
+    message: Option<&'a str>,
+    retry_after_ms: Option<u64>,
+    score: f64,
+    degraded: bool,
+    duplicate_of: Option<&'a str>,
+    limits: &'a [LimitReport],
+    signals: &'a [SignalReport],
+    trust: &'a TrustReport,
+}
+
+fn layer_name<S: Serializer>(l: &Option<Layer>, s: S) -> Result<S::Ok, S::Error> {
+    match l {
+        Some(l) => s.serialize_str(l.name()),
+        None => s.serialize_none(),
+    }
+}
+
+impl<'a> From<&'a CheckResponse> for Body<'a> {
+    fn from(r: &'a CheckResponse) -> Self {
+        let friendly = match &r.decision {
+            Decision::FriendlyDeny(d) => Some(d),
+            _ => None,
+        };
+        Body {
+            decision: r.decision.verdict(),
+            request_id: &r.request_id,
+            scene: &r.scene,
+            rules_version: &r.rules_version,
+            layer: r.decision.layer(),
+            reason: r.decision.reason(),
+            message: friendly.and_then(|d| d.message.as_deref()),
+            retry_after_ms: friendly.map(|d| d.retry_after_ms),
+            score: r.score,
+            degraded: r.degraded,
+            duplicate_of: r.duplicate_of.as_deref(),
+            limits: &r.limits,
+            signals: &r.signals,
+            trust: &r.trust,
+        }
+    }
+}
+
+impl Serialize for CheckResponse {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        Body::from(self).serialize(s)
+    }
+}
+
+// The schema is the wire form's, under the name the API has always used.
+impl PartialSchema for CheckResponse {
+    fn schema() -> RefOr<Schema> {
+        <Body<'static> as PartialSchema>::schema()
+    }
+}
+
+impl ToSchema for CheckResponse {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("CheckResponse")
     }
 
-    /// Turns this into a silent deny.
-    pub fn silent_deny(&mut self, reason: &str) {
-        self.decision = Verdict::SilentDeny;
-        self.layer = Some(Layer::Security);
-        self.reason = Some(reason.to_string());
-        self.message = None;
-        self.retry_after_ms = None;
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        <Body<'static> as ToSchema>::schemas(schemas);
     }
 }
 
@@ -161,20 +327,22 @@ pub fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000).max(1)
 }
 
-/// Fills the response from a decider's answer: the facts, every applying signal and the
-/// new-account flag with their contributions, the score, then the score deny or the
-/// limits (security outranks business).
+/// The decider's stage: fills the response's report from its answer (the facts, every
+/// applying signal and the new-account flag with their contributions, the score, the
+/// limits) and returns the decision they make: the score deny, else the limits' (security
+/// outranks business), else an allow — a repeat of a counted request included.
+#[must_use]
 pub fn fill(
     resp: &mut CheckResponse,
     scene: &Scene,
     plan: &CheckPlan,
     index: &[usize],
     decided: Decided,
-) {
+) -> Decision {
     let j = match decided {
         Decided::Duplicate { of } => {
             resp.duplicate_of = Some(of);
-            return;
+            return Decision::Allow;
         }
         Decided::Judged(j) => j,
     };
@@ -209,10 +377,7 @@ pub fn fill(
         });
     }
     let (limits, denied) = match j.outcome {
-        Outcome::ScoreDeny => {
-            resp.silent_deny(reason::SCORE);
-            return;
-        }
+        Outcome::ScoreDeny => return Decision::silent(Reason::Score),
         Outcome::Allowed { limits } => (limits, false),
         Outcome::Denied { limits } => (limits, true),
     };
@@ -236,31 +401,280 @@ pub fn fill(
         })
         .collect();
     if denied {
-        deny_by_limits(resp, scene, &applied);
+        deny_by_limits(scene, &applied)
+    } else {
+        Decision::Allow
     }
 }
 
 /// A limits deny: security outranks business; among business limits the one that clears
-/// last is named, and its wait is the answer's.
-fn deny_by_limits(
-    resp: &mut CheckResponse,
-    scene: &Scene,
-    applied: &[(&Limit, &LimitPlan, &LimitValue)],
-) {
+/// last is named, and its wait is the answer's. A store that denies with no limit over
+/// (it should not) is not turned into a deny no limit explains.
+fn deny_by_limits(scene: &Scene, applied: &[(&Limit, &LimitPlan, &LimitValue)]) -> Decision {
     let exceeded = || applied.iter().filter(|(_, _, v)| v.state.exceeded);
     if let Some((limit, _, _)) = exceeded().find(|(l, _, _)| l.layer == Layer::Security) {
-        resp.silent_deny(&limit.name);
-        return;
+        return Decision::silent(Reason::Limit(limit.name.clone()));
     }
     let Some((limit, p, v)) = exceeded().max_by_key(|(_, _, v)| v.state.retry_after_ms) else {
-        return;
+        return Decision::Allow;
     };
-    resp.friendly_deny(Layer::Business, &limit.name, scene, v.state.retry_after_ms);
-    resp.rate_limit = Some(RateLimitInfo {
-        name: limit.name.clone(),
-        quota: v.max,
-        window_s: ceil_secs(p.window_ms),
-        remaining: v.max.saturating_sub(v.state.count),
-        reset_s: ceil_secs(v.state.retry_after_ms),
-    });
+    let retry_after_ms = v.state.retry_after_ms;
+    Decision::FriendlyDeny(
+        FriendlyDeny::new(Reason::Limit(limit.name.clone()), scene, retry_after_ms)
+            .with_rate_limit(RateLimitInfo {
+                name: limit.name.clone(),
+                quota: v.max,
+                window_s: ceil_secs(p.window_ms),
+                remaining: v.max.saturating_sub(v.state.count),
+                reset_s: ceil_secs(retry_after_ms),
+            }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::{plan, request};
+    use crate::decide::{Facts, Judgement};
+    use crate::rules::RuleSet;
+    use crate::store::LimitState;
+    use serde_json::{json, Value};
+
+    const RULES: &str = r#"
+[scene.s]
+on_store_error = "fail_close"
+deny_message = "Agotado"
+required = ["user", "ip"]
+
+[[scene.s.limits]]
+name = "user_10s"
+dimensions = ["user"]
+algorithm = "sliding_window"
+window = "10s"
+max = 1
+
+[[scene.s.limits]]
+name = "user_1m"
+dimensions = ["user"]
+algorithm = "fixed_window"
+window = "1m"
+max = 3
+
+[[scene.s.limits]]
+name = "ip_burst"
+dimensions = ["ip"]
+algorithm = "sliding_window"
+window = "1s"
+max = 20
+layer = "security"
+"#;
+
+    fn rules() -> RuleSet {
+        crate::rules::compile_files(&[("r.toml".into(), RULES.into())]).unwrap()
+    }
+
+    /// The decider's answer to a check of `s`: every limit applied, `exceeded` naming
+    /// which are over (with their waits).
+    fn fill_with(exceeded: &[(&str, u64)]) -> (CheckResponse, Decision) {
+        let rules = rules();
+        let body = json!({"scene": "s", "request_id": "r1", "user_id": "u", "ip": "192.0.2.1"});
+        let req = request::parse_check(&rules, &body, 0).unwrap();
+        let (plan, index) = plan::plan("lt", &rules, &req);
+        let limits = index
+            .iter()
+            .map(|&i| {
+                let wait = exceeded
+                    .iter()
+                    .find(|(n, _)| *n == req.scene.limits[i].name)
+                    .map(|(_, ms)| *ms);
+                LimitValue {
+                    applies: true,
+                    max: req.scene.limits[i].max,
+                    state: LimitState {
+                        count: req.scene.limits[i].max,
+                        exceeded: wait.is_some(),
+                        retry_after_ms: wait.unwrap_or(0),
+                    },
+                }
+            })
+            .collect();
+        let outcome = if exceeded.is_empty() {
+            Outcome::Allowed { limits }
+        } else {
+            Outcome::Denied { limits }
+        };
+        let judged = Decided::Judged(Judgement {
+            facts: Facts::default(),
+            signals: Vec::new(),
+            score: 0.0,
+            outcome,
+        });
+        let mut resp = CheckResponse::allow("s", "r1", &rules.version);
+        let decision = fill(&mut resp, &req.scene, &plan, &index, judged);
+        (resp, decision)
+    }
+
+    #[test]
+    fn the_limits_decide_security_first_then_the_business_limit_that_clears_last() {
+        let (resp, d) = fill_with(&[]);
+        assert_eq!(d, Decision::Allow);
+        assert_eq!(resp.limits.len(), 3);
+
+        let (_, d) = fill_with(&[("user_10s", 4_000), ("user_1m", 50_000)]);
+        let Decision::FriendlyDeny(deny) = d else {
+            panic!("a business limit denies friendly: {d:?}");
+        };
+        assert_eq!(deny.reason, Reason::Limit("user_1m".into()));
+        assert_eq!(deny.layer(), Layer::Business);
+        assert_eq!(deny.retry_after_ms, 50_000);
+        assert_eq!(deny.message.as_deref(), Some("Agotado"));
+        assert_eq!(
+            deny.rate_limit,
+            Some(RateLimitInfo {
+                name: "user_1m".into(),
+                quota: 3,
+                window_s: 60,
+                remaining: 0,
+                reset_s: 50,
+            })
+        );
+
+        let (_, d) = fill_with(&[("user_10s", 4_000), ("ip_burst", 500)]);
+        assert_eq!(d, Decision::silent(Reason::Limit("ip_burst".into())));
+        assert_eq!(d.layer(), Some(Layer::Security));
+    }
+
+    #[test]
+    fn a_score_deny_is_silent_and_a_repeat_is_an_allow() {
+        let rules = rules();
+        let body = json!({"scene": "s", "user_id": "u", "ip": "192.0.2.1"});
+        let req = request::parse_check(&rules, &body, 0).unwrap();
+        let (plan, index) = plan::plan("lt", &rules, &req);
+        let mut resp = CheckResponse::allow("s", "r1", "v");
+        let score = Decided::Judged(Judgement {
+            facts: Facts::default(),
+            signals: Vec::new(),
+            score: 1.0,
+            outcome: Outcome::ScoreDeny,
+        });
+        let d = fill(&mut resp, &req.scene, &plan, &index, score);
+        assert_eq!(d, Decision::silent(Reason::Score));
+        let repeat = Decided::Duplicate { of: "r0".into() };
+        let d = fill(&mut resp, &req.scene, &plan, &index, repeat);
+        assert_eq!(d, Decision::Allow);
+        assert_eq!(resp.duplicate_of.as_deref(), Some("r0"));
+    }
+
+    fn with(decision: Decision) -> CheckResponse {
+        let mut r = CheckResponse::allow("s", "r1", "v1");
+        r.decision = decision;
+        r
+    }
+
+    fn business_deny() -> Decision {
+        Decision::FriendlyDeny(FriendlyDeny {
+            reason: Reason::Limit("user_10s".into()),
+            message: Some("Agotado".into()),
+            retry_after_ms: 8000,
+            rate_limit: None,
+        })
+    }
+
+    #[test]
+    fn the_body_keeps_the_field_order_and_names_of_the_contract() {
+        let body = serde_json::to_string(&with(business_deny())).unwrap();
+        assert_eq!(
+            body,
+            r#"{"decision":"friendly_deny","request_id":"r1","scene":"s","rules_version":"v1","layer":"business","reason":"user_10s","message":"Agotado","retry_after_ms":8000,"score":0.0,"degraded":false,"duplicate_of":null,"limits":[],"signals":[],"trust":{"points":0}}"#
+        );
+        let allow = serde_json::to_value(with(Decision::Allow)).unwrap();
+        for field in ["layer", "reason", "message", "retry_after_ms"] {
+            assert_eq!(allow[field], Value::Null, "{field}");
+        }
+    }
+
+    #[test]
+    fn each_decision_names_its_verdict_layer_and_reason() {
+        let silent = |r| with(Decision::silent(r));
+        let friendly = |r| {
+            with(Decision::FriendlyDeny(FriendlyDeny {
+                reason: r,
+                message: None,
+                retry_after_ms: 1,
+                rate_limit: None,
+            }))
+        };
+        let cases = [
+            (with(Decision::Allow), "allow", Value::Null, Value::Null),
+            (
+                with(business_deny()),
+                "friendly_deny",
+                json!("business"),
+                json!("user_10s"),
+            ),
+            (
+                friendly(Reason::GatewayRate),
+                "friendly_deny",
+                json!("resource"),
+                json!("gateway_rate"),
+            ),
+            (
+                friendly(Reason::StoreUnavailable),
+                "friendly_deny",
+                json!("resource"),
+                json!("store_unavailable"),
+            ),
+            (
+                silent(Reason::Limit("ip_burst".into())),
+                "silent_deny",
+                json!("security"),
+                json!("ip_burst"),
+            ),
+            (
+                silent(Reason::Score),
+                "silent_deny",
+                json!("security"),
+                json!("score"),
+            ),
+            (
+                silent(Reason::InvalidDeviceId),
+                "silent_deny",
+                json!("security"),
+                json!("invalid_device_id"),
+            ),
+        ];
+        for (resp, decision, layer, reason) in cases {
+            let body = serde_json::to_value(&resp).unwrap();
+            assert_eq!(body["decision"], json!(decision), "{body}");
+            assert_eq!(body["layer"], layer, "{body}");
+            assert_eq!(body["reason"], reason, "{body}");
+            if resp.decision.verdict() != Verdict::FriendlyDeny {
+                // A silent deny tells nothing an allow would not.
+                assert_eq!(body["message"], Value::Null, "{body}");
+                assert_eq!(body["retry_after_ms"], Value::Null, "{body}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_schema_documents_exactly_the_body() {
+        let schema = serde_json::to_value(<CheckResponse as PartialSchema>::schema()).unwrap();
+        let mut documented: Vec<&str> = schema["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let body = serde_json::to_value(with(business_deny())).unwrap();
+        let mut sent: Vec<&str> = body
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        documented.sort_unstable();
+        sent.sort_unstable();
+        assert_eq!(documented, sent);
+        assert_eq!(<CheckResponse as ToSchema>::name(), "CheckResponse");
+    }
 }

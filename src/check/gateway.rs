@@ -5,7 +5,7 @@
 //! The buckets live in an immutable map swapped whole when the rule set changes; a scene
 //! whose gateway settings did not change keeps its bucket (a reload never refills it).
 //!
-//! Time is the service's one [`Clock`](crate::clock::Clock) (so a simulated day refills
+//! Time is the service's one [`Clock`] (so a simulated day refills
 //! them as a real one would), read by governor as a `Duration` since the epoch. A wall
 //! clock stepped back only stops refilling until it catches up; the burst covers that.
 
@@ -21,8 +21,9 @@ use governor::middleware::NoOpMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 
+use super::decision::{ceil_secs, FriendlyDeny, RateLimitInfo, Reason};
 use crate::clock::Clock;
-use crate::rules::{Gateway, RuleSet};
+use crate::rules::{Gateway, RuleSet, Scene};
 
 /// The service clock as governor reads it.
 #[derive(Debug, Clone)]
@@ -92,15 +93,26 @@ impl Gateways {
         self.buckets.store(Arc::new(next));
     }
 
-    /// Takes one token from the scene's bucket. `Err(ms)` is how long until one is free.
-    pub fn admit(&self, scene: &str) -> Result<(), u64> {
+    /// Takes one token from the scene's bucket; without one, the resource layer's answer:
+    /// a friendly deny until a token is free, naming the bucket in the `RateLimit-*`
+    /// headers.
+    pub fn admit(&self, scene: &Scene) -> Result<(), FriendlyDeny> {
         let buckets = self.buckets.load();
-        let Some(bucket) = buckets.get(scene) else {
+        let Some(bucket) = buckets.get(&scene.name) else {
             return Ok(());
         };
         bucket.limiter.check().map_err(|not_until| {
             let wait = not_until.wait_time_from(self.clock.now());
-            (wait.as_millis() as u64).max(1)
+            let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+            let reason = Reason::GatewayRate;
+            let rate_limit = RateLimitInfo {
+                name: reason.name().to_string(),
+                quota: u64::from(bucket.settings.rate_per_s),
+                window_s: 1,
+                remaining: 0,
+                reset_s: ceil_secs(wait_ms),
+            };
+            FriendlyDeny::new(reason, scene, wait_ms).with_rate_limit(rate_limit)
         })
     }
 }

@@ -1,11 +1,16 @@
 //! The check path as one readable async fn: validate -> gateway -> plan (keys, overrides,
 //! caps, weights) -> decide (trust, signals, score, limits: one step on the store) ->
-//! response. Each stage is its own module; this one only sequences them and records
-//! telemetry. The rule set is one snapshot passed in by the caller and used throughout.
+//! decision. Each stage is its own module and answers with a value — a typed request or a
+//! 400, a [`Decision`] or the go-ahead — and this one only sequences them and records
+//! telemetry; the HTTP layer makes the response from the decision. The rule set is one
+//! snapshot passed in by the caller and used throughout.
+//!
+//! It builds on [`crate::keys`], [`crate::input`] and the deciders ([`crate::decide`]);
+//! trust is the deciders' to read, and refunds are [`crate::refund`]'s: nothing here
+//! imports `trust` or `refund`.
 
 pub mod decision;
 pub mod gateway;
-pub mod keys;
 pub mod plan;
 pub mod quota;
 pub mod request;
@@ -17,22 +22,22 @@ use serde_json::Value;
 
 use crate::clock::Clock;
 use crate::decide::{Decided, Decider};
+use crate::input::RequestError;
 use crate::metrics::Metrics;
 use crate::rules::{Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
-use crate::store::{RefundOp, StoreError, WindowStore};
-use decision::{reason, CheckResponse, RateLimitInfo};
+use crate::store::{StoreError, WindowStore};
+use decision::{CheckResponse, Decision, FriendlyDeny, Reason};
 use gateway::Gateways;
-use keys::{DimensionValues, KeySpace};
-pub use request::{CheckRequest, RequestError};
+pub use request::CheckRequest;
 
 /// How long a store-unavailable deny tells the client to wait.
 const STORE_UNAVAILABLE_RETRY_MS: u64 = 1000;
 
-/// Runs checks (through a decider) and refunds (on the window store).
+/// Runs checks, through a decider. Refunds are not its business: [`crate::refund`].
 pub struct Checker {
     /// Where a decision is made: one script on Redis, the node's state when embedded.
     decider: Arc<dyn Decider>,
-    /// The same store's windows, for refunds, readiness and durability.
+    /// The same store's windows: its name for the metrics, and readiness (`/readyz`).
     store: Arc<dyn WindowStore>,
     /// The node's own decider, for scenes whose policy is `local` (none: `local` answers
     /// like `fail_close`).
@@ -44,9 +49,9 @@ pub struct Checker {
 }
 
 impl Checker {
-    /// A checker deciding on `decider` and refunding on `store` (the same store's
-    /// windows), with `local` for scenes whose policy is `local`; `clock` is the service's
-    /// one clock (gateway buckets, request ids).
+    /// A checker deciding on `decider` (over `store`'s windows), with `local` for scenes
+    /// whose policy is `local`; `clock` is the service's one clock (gateway buckets,
+    /// request ids).
     pub fn new(
         decider: Arc<dyn Decider>,
         store: Arc<dyn WindowStore>,
@@ -89,27 +94,20 @@ impl Checker {
         Ok(resp)
     }
 
+    /// Runs the stages in order; the first that denies decides, and each stage's answer
+    /// is a [`Decision`] value the response carries to the HTTP layer.
     async fn decide(&self, rules: &RuleSet, req: &CheckRequest) -> CheckResponse {
         let scene = &req.scene;
         let mut resp = CheckResponse::allow(&scene.name, &req.request_id, &rules.version);
         if req.device_invalid {
-            resp.silent_deny(reason::INVALID_DEVICE_ID);
+            resp.decision = Decision::silent(Reason::InvalidDeviceId);
             return resp;
         }
         // Resource layer first: a deny here costs the store nothing. A dry run records
         // nothing, so it takes no token either.
         if !req.dry_run {
-            if let Err(wait_ms) = self.gateways.admit(&scene.name) {
-                resp.friendly_deny(Layer::Resource, reason::GATEWAY_RATE, scene, wait_ms);
-                if let Some(g) = scene.gateway {
-                    resp.rate_limit = Some(RateLimitInfo {
-                        name: reason::GATEWAY_RATE.into(),
-                        quota: u64::from(g.rate_per_s),
-                        window_s: 1,
-                        remaining: 0,
-                        reset_s: decision::ceil_secs(wait_ms),
-                    });
-                }
+            if let Err(deny) = self.gateways.admit(scene) {
+                resp.decision = Decision::FriendlyDeny(deny);
                 return resp;
             }
         }
@@ -120,20 +118,14 @@ impl Checker {
                 resp.degraded = true;
                 match self.on_store_error(scene, &plan, &e).await {
                     Some(decided) => decided,
-                    None if scene.on_store_error == StoreErrorPolicy::FailOpen => return resp,
                     None => {
-                        resp.friendly_deny(
-                            Layer::Resource,
-                            reason::STORE_UNAVAILABLE,
-                            scene,
-                            STORE_UNAVAILABLE_RETRY_MS,
-                        );
+                        resp.decision = without_store(scene);
                         return resp;
                     }
                 }
             }
         };
-        decision::fill(&mut resp, scene, &plan, &index, decided);
+        resp.decision = decision::fill(&mut resp, scene, &plan, &index, decided);
         resp
     }
 
@@ -145,8 +137,7 @@ impl Checker {
         plan: &crate::decide::CheckPlan,
         e: &StoreError,
     ) -> Option<Decided> {
-        self.metrics
-            .store_error(self.store.kind(), store_error_kind(e));
+        self.metrics.store_error(self.store.kind(), e.kind());
         self.metrics
             .degraded(&scene.name, scene.on_store_error.name());
         // Per request at debug only: an outage is logged once, when the breaker opens.
@@ -160,11 +151,12 @@ impl Checker {
 
     fn record(&self, scene: &Scene, resp: &CheckResponse, started: Instant) {
         let m = &self.metrics;
+        let d = &resp.decision;
         m.decision(
             &scene.name,
-            resp.decision.name(),
-            resp.layer.map_or("none", Layer::name),
-            resp.reason.as_deref().unwrap_or("none"),
+            d.verdict().name(),
+            d.layer().map_or("none", Layer::name),
+            d.reason().map_or("none", Reason::name),
         );
         for l in resp.limits.iter().filter(|l| l.exceeded) {
             if let Some(limit) = scene.limits.iter().find(|s| s.name == l.name) {
@@ -173,56 +165,17 @@ impl Checker {
         }
         m.check_latency(&scene.name, started.elapsed().as_secs_f64());
     }
-
-    /// Validates a `/v1/refund` body and gives the request's quota back in every key it
-    /// counted in. `Ok(false)` when the store does not know the request.
-    pub async fn refund(
-        &self,
-        rules: &RuleSet,
-        body: &Value,
-    ) -> Result<Result<bool, StoreError>, RequestError> {
-        let op = self.refund_op(rules, body)?;
-        Ok(self.refund_with(&op).await)
-    }
-
-    /// The store op that refunds the request a `/v1/refund` body (or a
-    /// `benefit_rolled_back` event) names, computed once so it can be journaled and
-    /// replayed later against the same keys.
-    pub fn refund_op(&self, rules: &RuleSet, body: &Value) -> Result<RefundOp, RequestError> {
-        let req = request::parse_refund(rules, body)?;
-        let ks = KeySpace {
-            prefix: &self.key_prefix,
-            scene: &req.scene.name,
-        };
-        Ok(RefundOp {
-            record_key: ks.record_key(&req.request_id),
-            request_id: req.request_id.clone(),
-            keys: refund_keys(&ks, &req.scene, &req.values),
-        })
-    }
-
-    /// Runs a refund op against the store. `Ok(false)` when the store does not know the
-    /// request (never counted, expired, or already refunded): replaying a refund is harmless.
-    pub async fn refund_with(&self, op: &RefundOp) -> Result<bool, StoreError> {
-        let result = self.store.refund(op).await;
-        if let Err(e) = &result {
-            self.metrics
-                .store_error(self.store.kind(), store_error_kind(e));
-        }
-        result
-    }
 }
 
-/// Every key the scene's limits make from these values, without repeats.
-fn refund_keys(ks: &KeySpace, scene: &Scene, values: &DimensionValues) -> Vec<String> {
-    let mut keys: Vec<String> = scene
-        .limits
-        .iter()
-        .filter_map(|l| ks.limit_key(l, values))
-        .collect();
-    keys.sort();
-    keys.dedup();
-    keys
+/// The answer when neither the store nor the node could decide: `fail_open` allows;
+/// `fail_close`, and `local` without a local answer, deny until the store is back.
+fn without_store(scene: &Scene) -> Decision {
+    match scene.on_store_error {
+        StoreErrorPolicy::FailOpen => Decision::Allow,
+        StoreErrorPolicy::FailClose | StoreErrorPolicy::Local => Decision::FriendlyDeny(
+            FriendlyDeny::new(Reason::StoreUnavailable, scene, STORE_UNAVAILABLE_RETRY_MS),
+        ),
+    }
 }
 
 fn dimension_label(limit: &Limit) -> String {
@@ -232,13 +185,4 @@ fn dimension_label(limit: &Limit) -> String {
         .map(|d| d.name())
         .collect::<Vec<_>>()
         .join("+")
-}
-
-fn store_error_kind(e: &StoreError) -> &'static str {
-    match e {
-        StoreError::Timeout(_) => "timeout",
-        StoreError::Unavailable(_) => "unavailable",
-        StoreError::Protocol(_) => "protocol",
-        StoreError::CircuitOpen => "circuit_open",
-    }
 }

@@ -7,16 +7,16 @@
 
 use std::net::IpAddr;
 
-use super::keys::{
-    device_seen_key, trust_points_key, user_seen_key, DimensionValues, KeySpace, SignalKey,
-};
 use super::quota::overridden_max;
 use super::request::CheckRequest;
 use crate::behaviour::state::entity_hash;
 use crate::decide::math::signal_cap;
 use crate::decide::{CheckPlan, LimitPlan, ScorePlan, SignalPlan, TrustPlan};
+use crate::keys::{
+    device_seen_key, trust_points_key, user_seen_key, DimensionValues, KeySpace, SignalKey,
+    SEEN_RETENTION_MS,
+};
 use crate::rules::{Algorithm, Count, Dimension, RuleSet, Scene, Signal};
-use crate::trust::redis_ledger::SEEN_RETENTION_MS;
 
 /// The name of the new-account weight in `[scene.X.score].weights`.
 pub const NEW_ACCOUNT: &str = "new_account";

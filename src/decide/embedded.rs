@@ -19,8 +19,8 @@ use super::{
     CheckPlan, Decided, Decider, Facts, Judgement, LimitValue, Outcome, SignalValue, TrustPlan,
 };
 use crate::behaviour::Behaviours;
-use crate::check::keys::decode_segment;
 use crate::clock::Clock;
+use crate::keys::decode_segment;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::{CheckOp, CheckOutcome, LimitOp, LimitState, StoreError, WindowStore};
 use crate::trust::SledLedger;

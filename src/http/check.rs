@@ -1,4 +1,5 @@
-//! `/v1/check` and `/v1/refund`: the status and headers of each decision.
+//! `/v1/check` and `/v1/refund`. [`respond`] is the one place a check's [`Decision`]
+//! becomes HTTP: status, headers and body.
 //!
 //! A silent deny is a 200 with no header an allow would not have: the backend reads the
 //! body, the abuser sees success. A friendly deny is a 429 (or 503 when the store is down
@@ -15,7 +16,7 @@ use utoipa::ToSchema;
 
 use super::errors::ApiError;
 use super::AppState;
-use crate::check::decision::{ceil_secs, reason, CheckResponse, Verdict};
+use crate::check::decision::{ceil_secs, CheckResponse, Decision, Reason};
 
 /// `POST /v1/check` request body (documentation; the handler validates field by field).
 #[derive(Debug, Serialize, ToSchema)]
@@ -102,35 +103,146 @@ pub async fn refund(
 ) -> Result<HttpResponse, ApiError> {
     super::auth::require_admin(&req, &state.auth.admin_token)?;
     let rules = state.rules.current();
-    let refunded = state.checker.refund(&rules, &body).await??;
+    let refunded = state.refunds.refund(&rules, &body).await??;
     Ok(HttpResponse::Ok().json(RefundAnswer { refunded }))
 }
 
-/// Status and headers for a decision.
+/// The one place a check's answer becomes HTTP: status and headers from the decision,
+/// the body (the same shape for every decision) from the whole response.
 pub fn respond(resp: &CheckResponse) -> HttpResponse {
-    match resp.decision {
-        Verdict::Allow | Verdict::SilentDeny => HttpResponse::Ok().json(resp),
-        Verdict::FriendlyDeny => {
-            let store_down = resp.reason.as_deref() == Some(reason::STORE_UNAVAILABLE);
-            let status = if store_down {
-                StatusCode::SERVICE_UNAVAILABLE
-            } else {
-                StatusCode::TOO_MANY_REQUESTS
-            };
-            let mut http = HttpResponse::build(status);
-            let retry_s = ceil_secs(resp.retry_after_ms.unwrap_or(1000));
-            http.insert_header(("Retry-After", retry_s.to_string()));
-            if let Some(rl) = &resp.rate_limit {
-                http.insert_header((
-                    "RateLimit-Policy",
-                    format!("\"{}\";q={};w={}", rl.name, rl.quota, rl.window_s),
-                ));
-                http.insert_header((
-                    "RateLimit",
-                    format!("\"{}\";r={};t={}", rl.name, rl.remaining, rl.reset_s),
-                ));
-            }
-            http.json(resp)
+    let deny = match &resp.decision {
+        Decision::Allow | Decision::SilentDeny { .. } => return HttpResponse::Ok().json(resp),
+        Decision::FriendlyDeny(deny) => deny,
+    };
+    // A store that cannot answer is the service's trouble, not the client's rate: 503.
+    let status = match deny.reason {
+        Reason::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::Limit(_) | Reason::GatewayRate | Reason::Score | Reason::InvalidDeviceId => {
+            StatusCode::TOO_MANY_REQUESTS
         }
+    };
+    let mut http = HttpResponse::build(status);
+    http.insert_header(("Retry-After", ceil_secs(deny.retry_after_ms).to_string()));
+    if let Some(rl) = &deny.rate_limit {
+        http.insert_header((
+            "RateLimit-Policy",
+            format!("\"{}\";q={};w={}", rl.name, rl.quota, rl.window_s),
+        ));
+        http.insert_header((
+            "RateLimit",
+            format!("\"{}\";r={};t={}", rl.name, rl.remaining, rl.reset_s),
+        ));
+    }
+    http.json(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::decision::{FriendlyDeny, RateLimitInfo};
+    use actix_web::http::header::HeaderMap;
+
+    fn respond_to(decision: Decision) -> (StatusCode, HeaderMap, Value) {
+        let mut resp = CheckResponse::allow("s", "r1", "v1");
+        resp.decision = decision;
+        let http = respond(&resp);
+        let status = http.status();
+        let headers = http.headers().clone();
+        let body = ready(actix_web::body::to_bytes(http.into_body())).unwrap();
+        (status, headers, serde_json::from_slice(&body).unwrap())
+    }
+
+    /// `to_bytes` on a complete body is ready at once; no runtime needed to poll it.
+    fn ready<F: std::future::Future>(f: F) -> F::Output {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let mut f = std::pin::pin!(f);
+        match f.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(out) => out,
+            std::task::Poll::Pending => panic!("a complete body is ready at once"),
+        }
+    }
+
+    fn friendly(reason: Reason, rate_limit: Option<RateLimitInfo>) -> Decision {
+        Decision::FriendlyDeny(FriendlyDeny {
+            reason,
+            message: Some("Agotado".into()),
+            retry_after_ms: 8_001,
+            rate_limit,
+        })
+    }
+
+    fn header<'h>(headers: &'h HeaderMap, name: &str) -> &'h str {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+
+    fn names(headers: &HeaderMap) -> Vec<String> {
+        let mut names: Vec<String> = headers.keys().map(|k| k.as_str().to_string()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn an_allow_and_a_silent_deny_look_the_same_on_the_wire() {
+        let (status, allow_headers, body) = respond_to(Decision::Allow);
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["decision"], "allow");
+        for reason in [
+            Reason::Limit("ip_burst".into()),
+            Reason::Score,
+            Reason::InvalidDeviceId,
+        ] {
+            let (status, headers, body) = respond_to(Decision::silent(reason.clone()));
+            assert_eq!(status, StatusCode::OK, "{reason:?}");
+            assert_eq!(names(&headers), names(&allow_headers), "{reason:?}");
+            assert_eq!(body["decision"], "silent_deny");
+            assert_eq!(body["reason"], reason.name());
+        }
+    }
+
+    #[test]
+    fn a_limit_or_gateway_deny_is_a_429_with_retry_after_and_the_ratelimit_headers() {
+        for (reason, name) in [
+            (Reason::Limit("user_10s".into()), "user_10s"),
+            (Reason::GatewayRate, "gateway_rate"),
+        ] {
+            let rl = RateLimitInfo {
+                name: name.into(),
+                quota: 1,
+                window_s: 10,
+                remaining: 0,
+                reset_s: 9,
+            };
+            let (status, headers, body) = respond_to(friendly(reason, Some(rl)));
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{name}");
+            // 8001 ms is 9 whole seconds, rounded up.
+            assert_eq!(header(&headers, "retry-after"), "9");
+            assert_eq!(
+                header(&headers, "ratelimit-policy"),
+                format!("\"{name}\";q=1;w=10").as_str()
+            );
+            assert_eq!(
+                header(&headers, "ratelimit"),
+                format!("\"{name}\";r=0;t=9").as_str()
+            );
+            assert_eq!(body["reason"], name);
+            assert_eq!(body["retry_after_ms"], 8_001);
+            assert_eq!(body["message"], "Agotado");
+        }
+    }
+
+    #[test]
+    fn a_store_unavailable_deny_is_a_503_with_retry_after_only() {
+        let (status, headers, body) = respond_to(friendly(Reason::StoreUnavailable, None));
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(&headers, "retry-after"), "9");
+        assert!(!headers.contains_key("ratelimit"));
+        assert!(!headers.contains_key("ratelimit-policy"));
+        assert_eq!(body["decision"], "friendly_deny");
+        assert_eq!(body["layer"], "resource");
+        assert_eq!(body["reason"], "store_unavailable");
     }
 }

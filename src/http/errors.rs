@@ -6,7 +6,7 @@ use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::check::RequestError;
+use crate::input::RequestError;
 use crate::rules::RuleErrors;
 use crate::store::StoreError;
 use crate::trust::EventsError;

@@ -9,9 +9,8 @@ use utoipa::ToSchema;
 
 use super::errors::ApiError;
 use super::AppState;
-use crate::check::request::MAX_ID_LEN;
-use crate::check::RequestError;
 use crate::clock::rfc3339;
+use crate::input::{RequestError, MAX_ID_LEN};
 use crate::trust::{Award, IngestReport, TrustView};
 
 /// The largest body `/v1/events` reads: a full batch of 1000 rollbacks carrying their

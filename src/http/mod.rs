@@ -20,6 +20,7 @@ use utoipa::OpenApi;
 use crate::check::Checker;
 use crate::config::AuthConfig;
 use crate::metrics::Metrics;
+use crate::refund::Refunds;
 use crate::rules::{Reloader, RulesHandle};
 use crate::trust::Events;
 
@@ -30,6 +31,8 @@ pub const MAX_BODY: usize = 64 * 1024;
 pub struct AppState {
     pub rules: Arc<RulesHandle>,
     pub checker: Arc<Checker>,
+    /// `/v1/refund`, on the windows the checker counts in.
+    pub refunds: Arc<Refunds>,
     pub metrics: Metrics,
     pub last_rules_error: Arc<ArcSwapOption<ops::RulesError>>,
     /// Reloads the rules folder (shared with the watch and SIGHUP).

@@ -45,8 +45,8 @@ impl Recording {
             label: None,
             check: body.clone(),
             decision: Some(Recorded {
-                decision: resp.decision.name().to_string(),
-                reason: resp.reason.clone(),
+                decision: resp.decision.verdict().name().to_string(),
+                reason: resp.decision.reason().map(|r| r.name().to_string()),
                 request_id: Some(resp.request_id.clone()),
             }),
         });

@@ -20,9 +20,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::check::decision::{CheckResponse, Verdict};
-use crate::check::RequestError;
+use crate::check::decision::{CheckResponse, Reason, Verdict};
 use crate::clock::rfc3339;
+use crate::input::RequestError;
 
 use super::traffic::Recorded;
 
@@ -302,22 +302,24 @@ impl Tally {
         fate: &mut Fate,
     ) -> Option<bool> {
         let report = &mut self.label(label).report;
-        match resp.decision {
+        match resp.decision.verdict() {
             Verdict::Allow => report.allowed += 1,
             Verdict::FriendlyDeny => report.friendly_deny += 1,
             Verdict::SilentDeny => report.silent_deny += 1,
         }
-        if resp.decision != Verdict::Allow {
+        if let Some(reason) = resp.decision.reason() {
+            // Grouped by their wire names: the report prints them, and compares them with
+            // recorded lines, which only have names.
             let key = (
-                resp.decision.name().to_string(),
-                resp.reason.clone().unwrap_or_default(),
+                resp.decision.verdict().name().to_string(),
+                reason.name().to_string(),
             );
             bump(self.reasons.entry(key).or_default(), label);
             for l in resp.limits.iter().filter(|l| l.exceeded) {
                 let key = (resp.scene.clone(), "limit", l.name.clone());
                 bump(self.denied_by.entry(key).or_default(), label);
             }
-            if resp.reason.as_deref() == Some(crate::check::decision::reason::SCORE) {
+            if *reason == Reason::Score {
                 for s in resp.signals.iter().filter(|s| s.contribution > 0.0) {
                     let key = (resp.scene.clone(), "signal", s.name.clone());
                     bump(self.denied_by.entry(key).or_default(), label);
@@ -371,7 +373,10 @@ impl Tally {
         changes.compared += 1;
         let was = outcome(&recorded.decision, recorded.reason.as_deref());
         let now = match answer {
-            Ok(resp) => outcome(resp.decision.name(), resp.reason.as_deref()),
+            Ok(resp) => outcome(
+                resp.decision.verdict().name(),
+                resp.decision.reason().map(Reason::name),
+            ),
             Err(e) => format!("rejected/{}", e.code()),
         };
         if was == now {
@@ -675,17 +680,20 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::decision::{LimitReport, SignalReport};
+    use crate::check::decision::{Decision, FriendlyDeny, LimitReport, SignalReport};
 
     fn allow() -> CheckResponse {
         CheckResponse::allow("s", "r", "v")
     }
 
-    fn deny(verdict: Verdict, reason: &str) -> CheckResponse {
+    fn deny(decision: Decision) -> CheckResponse {
         let mut r = allow();
-        r.decision = verdict;
-        r.reason = Some(reason.into());
+        r.decision = decision;
         r
+    }
+
+    fn score_deny() -> CheckResponse {
+        deny(Decision::silent(Reason::Score))
     }
 
     #[test]
@@ -731,7 +739,12 @@ mod tests {
     #[test]
     fn a_user_served_once_is_served_and_denials_name_their_limits_and_signals() {
         let mut t = Tally::new("v", None);
-        let mut d = deny(Verdict::FriendlyDeny, "user_10s");
+        let mut d = deny(Decision::FriendlyDeny(FriendlyDeny {
+            reason: Reason::Limit("user_10s".into()),
+            message: None,
+            retry_after_ms: 10_000,
+            rate_limit: None,
+        }));
         d.limits.push(LimitReport {
             name: "user_10s".into(),
             key: "k".into(),
@@ -743,7 +756,7 @@ mod tests {
         });
         t.check(1, 1, "honest", Some("u"), &Ok(allow()), None);
         t.check(2, 2, "honest", Some("u"), &Ok(d), None);
-        let mut s = deny(Verdict::SilentDeny, "score");
+        let mut s = score_deny();
         s.signals.push(SignalReport {
             name: "accounts_per_device".into(),
             value: 4,
@@ -787,7 +800,7 @@ mod tests {
             3,
             "attacker/spoofed",
             Some("s2"),
-            &Ok(deny(Verdict::SilentDeny, "score")),
+            &Ok(score_deny()),
             None,
         );
         t.check(4, 4, "honest", Some("h1"), &Ok(allow()), None);
@@ -819,14 +832,7 @@ mod tests {
             request_id: None,
         };
         t.check(10, 3, "x", None, &Ok(allow()), Some(&was_allow));
-        t.check(
-            11,
-            4,
-            "x",
-            None,
-            &Ok(deny(Verdict::SilentDeny, "score")),
-            Some(&was_allow),
-        );
+        t.check(11, 4, "x", None, &Ok(score_deny()), Some(&was_allow));
         let r = t.finish();
         assert_eq!(r.rejected.len(), 1);
         assert_eq!((r.rejected[0].count, r.rejected[0].first_line), (2, 5));

@@ -24,7 +24,7 @@ pub const EXPIRY_MARGIN_MS: u64 = 1000;
 /// One limit of a check as the store sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitOp {
-    /// Key in the store, already encoded (see `check::keys`).
+    /// Key in the store, already encoded (see [`crate::keys`]).
     pub key: String,
     pub algorithm: Algorithm,
     pub window_ms: u64,
@@ -96,6 +96,19 @@ pub enum StoreError {
     /// The circuit breaker is open: the store failed repeatedly and was not asked.
     #[error("store circuit breaker is open (the store failed repeatedly; not asked)")]
     CircuitOpen,
+}
+
+impl StoreError {
+    /// Its name in the store-errors metric: `timeout`, `unavailable`, `protocol`,
+    /// `circuit_open`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Protocol(_) => "protocol",
+            StoreError::CircuitOpen => "circuit_open",
+        }
+    }
 }
 
 /// The atomic window store. Implementations must evaluate a whole [`CheckOp`] atomically

@@ -7,8 +7,7 @@
 use chrono::DateTime;
 use serde_json::{Map, Value};
 
-use crate::check::request::MAX_ID_LEN;
-use crate::check::RequestError;
+use crate::input::{RequestError, MAX_ID_LEN};
 
 /// Most events one request may carry: a backlog replays in batches, and a batch is one
 /// sled transaction held in memory until it commits.

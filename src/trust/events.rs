@@ -28,9 +28,10 @@ use serde_json::Value;
 use super::event::{self, Event, EventKind, Invalid};
 use super::journal::{self, Effect, Entry, Journal, JournalError};
 use super::ledger::{Award, AwardKind, TrustLedger};
-use crate::check::{Checker, RequestError};
 use crate::clock::Clock;
+use crate::input::RequestError;
 use crate::metrics::Metrics;
+use crate::refund::Refunds;
 use crate::rules::RuleSet;
 use crate::store::StoreError;
 
@@ -105,7 +106,8 @@ pub struct TrustView {
 pub struct Events {
     journal: Journal,
     ledger: Arc<dyn TrustLedger>,
-    checker: Arc<Checker>,
+    /// A rollback is a refund: its op is computed at acceptance and applied here.
+    refunds: Arc<Refunds>,
     metrics: Metrics,
     clock: Arc<dyn Clock>,
     /// One application at a time: the request path and the replayer share it, so an
@@ -141,16 +143,17 @@ fn is_store_down(e: &StoreError) -> bool {
 }
 
 impl Events {
-    /// Opens the journal at `dir` (created if needed) over `ledger` and `checker`.
+    /// Opens the journal at `dir` (created if needed) over `ledger` (awards) and `refunds`
+    /// (rollbacks).
     pub fn open(
         dir: &Path,
         ledger: Arc<dyn TrustLedger>,
-        checker: Arc<Checker>,
+        refunds: Arc<Refunds>,
         metrics: Metrics,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<Events>, EventsError> {
         let db = journal::open_db(dir)?;
-        Events::open_in(db, dir, ledger, checker, metrics, clock)
+        Events::open_in(db, dir, ledger, refunds, metrics, clock)
     }
 
     /// The same over a database opened already (with [`journal::open_db`]): the embedded
@@ -159,14 +162,14 @@ impl Events {
         db: sled::Db,
         dir: &Path,
         ledger: Arc<dyn TrustLedger>,
-        checker: Arc<Checker>,
+        refunds: Arc<Refunds>,
         metrics: Metrics,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<Events>, EventsError> {
         Ok(Arc::new(Events {
             journal: Journal::new(db, dir)?,
             ledger,
-            checker,
+            refunds,
             metrics,
             clock,
             apply_lock: tokio::sync::Mutex::new(()),
@@ -234,17 +237,14 @@ impl Events {
 
     /// The journal entry of one valid event: its effect decided now, from `rules`.
     fn entry(&self, rules: &RuleSet, ev: &Event<'_>, now: u64) -> Result<Entry, Invalid> {
-        let effect =
-            match award_kind(ev.kind) {
-                None => Effect::Refund(self.checker.refund_op(rules, ev.raw).map_err(|error| {
-                    Invalid {
-                        at: ev.at.clone(),
-                        error,
-                        kind: Some(ev.kind),
-                    }
-                })?),
-                Some(kind) => award(rules, ev, kind, now).map_or(Effect::None, Effect::Award),
-            };
+        let effect = match award_kind(ev.kind) {
+            None => Effect::Refund(self.refunds.op(rules, ev.raw).map_err(|error| Invalid {
+                at: ev.at.clone(),
+                error,
+                kind: Some(ev.kind),
+            })?),
+            Some(kind) => award(rules, ev, kind, now).map_or(Effect::None, Effect::Award),
+        };
         Ok(Entry {
             event_id: ev.event_id.clone(),
             kind: ev.kind,
@@ -324,7 +324,7 @@ impl Events {
                     self.ledger.sync().await?;
                 }
                 if refunded {
-                    self.checker.store().sync().await?;
+                    self.refunds.sync().await?;
                 }
                 let seqs: Vec<u64> = done.iter().map(|(s, _)| *s).collect();
                 self.journal.unpend(&seqs).map_err(journal_as_store)?;
@@ -347,7 +347,7 @@ impl Events {
                 self.metrics.trust_error("award");
             }),
             // Ok(false): already refunded (or the request expired) — the goal is reached.
-            Effect::Refund(op) => self.checker.refund_with(op).await.map(|_| ()),
+            Effect::Refund(op) => self.refunds.apply(op).await.map(|_| ()),
         }
     }
 

@@ -22,8 +22,8 @@ use async_trait::async_trait;
 use redis::{RedisError, Script, Value};
 
 use super::ledger::{Award, AwardKind, TrustLedger, TrustRead};
-use crate::check::keys::{trust_points_key, user_seen_key};
 use crate::clock::Clock;
+use crate::keys::{trust_points_key, user_seen_key, SEEN_RETENTION_MS};
 use crate::store::redis::{map_redis_error, STARTUP_MIN_MS};
 use crate::store::redis_link::RedisLink;
 use crate::store::StoreError;
@@ -31,12 +31,6 @@ use crate::store::StoreError;
 const READ_LUA: &str = include_str!("../../lua/trust_read.lua");
 const AWARD_LUA: &str = include_str!("../../lua/trust_award.lua");
 const AWARDS_LUA: &str = include_str!("../../lua/trust_awards.lua");
-
-/// How long a first sighting is kept after the user was last seen. `new_account` only asks
-/// whether a user is younger than a few days, so a sighting must outlive any sensible
-/// `younger_than`; a user absent for three months coming back as "new" is acceptable,
-/// while keeping every user ever seen forever is not.
-pub const SEEN_RETENTION_MS: u64 = 90 * 86_400_000;
 
 /// A [`TrustLedger`] on the node's Redis connection.
 pub struct RedisLedger {

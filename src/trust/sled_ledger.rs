@@ -19,8 +19,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::ledger::{Award, AwardKind, TrustLedger, TrustRead};
-use super::redis_ledger::SEEN_RETENTION_MS;
 use crate::clock::Clock;
+use crate::keys::SEEN_RETENTION_MS;
 use crate::store::StoreError;
 
 /// A sighting's retention is refreshed at most this often: a check marks the user seen,

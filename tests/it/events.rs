@@ -9,14 +9,10 @@ use std::time::{Duration, Instant};
 use chrono::{SecondsFormat, TimeZone, Utc};
 use redis::Commands;
 use serde_json::{json, Value};
-use vigia::behaviour::Behaviours;
-use vigia::check::Checker;
 use vigia::clock::{Clock, ManualClock, SystemClock};
-use vigia::config::BehaviourConfig;
 use vigia::config::{Config, StoreBackend};
-use vigia::decide::embedded::EmbeddedDecider;
-use vigia::decide::redis::RedisDecider;
 use vigia::metrics::Metrics;
+use vigia::refund::Refunds;
 use vigia::rules::RuleSet;
 use vigia::store::embedded::EmbeddedStore;
 use vigia::store::redis::RedisStore;
@@ -605,33 +601,13 @@ async fn awards_expire_on_the_sled_ledger() {
     let events_dir = dir.path().join("events");
     let db = journal::open_db(&events_dir).unwrap();
     let sled = Arc::new(SledLedger::open(&db, Arc::new(clock.clone())).unwrap());
-    let behaviours = Behaviours::start(
-        &BehaviourConfig::default(),
-        &dir.path().join("behaviour"),
-        Arc::new(clock.clone()),
-        Metrics::new(),
-    )
-    .unwrap();
-    let decider = EmbeddedDecider::new(
-        windows.clone(),
-        behaviours,
-        Some(sled.clone()),
-        Arc::new(clock.clone()),
-    );
-    let checker = Arc::new(Checker::new(
-        Arc::new(decider),
-        windows,
-        None,
-        Metrics::new(),
-        "lt",
-        Arc::new(clock.clone()),
-    ));
+    let refunds = Arc::new(Refunds::new(windows, Metrics::new(), "lt"));
     let ledger: Arc<dyn TrustLedger> = sled;
     let events = Events::open_in(
         db,
         &events_dir,
         ledger,
-        checker,
+        refunds,
         Metrics::new(),
         Arc::new(clock.clone()),
     )
@@ -652,23 +628,13 @@ async fn awards_expire_on_the_redis_ledger_and_so_does_the_key() {
         .await
         .unwrap()
         .with_clock(Arc::new(clock.clone()));
-    let decider = RedisDecider::new(store.link(), Some(Arc::new(clock.clone())))
-        .await
-        .unwrap();
     let store: Arc<dyn WindowStore> = Arc::new(store);
-    let checker = Arc::new(Checker::new(
-        Arc::new(decider),
-        store,
-        None,
-        Metrics::new(),
-        "lt",
-        Arc::new(clock.clone()),
-    ));
+    let refunds = Arc::new(Refunds::new(store, Metrics::new(), "lt"));
     let dir = tempfile::tempdir().unwrap();
     let events = Events::open(
         dir.path(),
         Arc::new(ledger),
-        checker,
+        refunds,
         Metrics::new(),
         Arc::new(clock.clone()),
     )
@@ -713,6 +679,6 @@ async fn the_redis_ledger_marks_first_sightings_with_a_bounded_retention() {
         .arg("lt:user-seen:uid:u%3A1")
         .query(&mut redis.conn())
         .unwrap();
-    let retention = vigia::trust::redis_ledger::SEEN_RETENTION_MS as i64;
+    let retention = vigia::keys::SEEN_RETENTION_MS as i64;
     assert!(ttl > retention - 60_000 && ttl <= retention, "{ttl}");
 }

@@ -17,7 +17,7 @@ use toml::Spanned;
 use super::net;
 use super::raw::{self, Int, RawAttacker, RawHonest, RawNat, RawProxies, Share, Text};
 use super::ScenarioError;
-use crate::check::request::MAX_ID_LEN;
+use crate::input::MAX_ID_LEN;
 use crate::rules::parse_duration_ms;
 
 /// Most members one population may have, and most claims or tries each: every line is

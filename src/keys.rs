@@ -1,4 +1,8 @@
-//! Store keys: `<prefix>:<scene>:<dim>:<value>[:<dim>:<value>…]` for sliding windows,
+//! Store keys, in one place below everything that names them: the check path (`check`,
+//! `decide`), refunds (`refund`) and the trust ledgers (`trust`) all build their keys here,
+//! so none of them has to import another to agree on a name.
+//!
+//! `<prefix>:<scene>:<dim>:<value>[:<dim>:<value>…]` for sliding windows,
 //! `<prefix>:<scene>:fw:<limit>:<dims…>` and `<prefix>:<scene>:tb:<limit>:<dims…>` for
 //! fixed windows and token buckets, `<prefix>:<scene>:req:<id>` and
 //! `<prefix>:<scene>:idem:<key>` for the request and idempotency records.
@@ -12,8 +16,8 @@
 //! `[A-Za-z0-9_]`, so the kinds of keys cannot collide either. Signals keep their sets in
 //! `<prefix>:<scene>:sg:<signal>[:<dims>]` (and `sa`, `sl`); trust and sightings in
 //! `<prefix>:trust-points:uid:<user>`, `<prefix>:user-seen:uid:<user>`,
-//! `<prefix>:device-seen:did:<device>`. A sliding limit over no dimension (a scene-wide budget)
-//! counts in `<prefix>:<scene>:all`.
+//! `<prefix>:device-seen:did:<device>` (sightings kept [`SEEN_RETENTION_MS`]). A sliding
+//! limit over no dimension (a scene-wide budget) counts in `<prefix>:<scene>:all`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -90,6 +94,13 @@ impl SignalKey {
         }
     }
 }
+
+/// How long a first sighting (`user-seen`, `device-seen`) is kept after the entity was last
+/// seen: the check plan hands it to the deciders, the ledgers keep sightings as long.
+/// `new_account` only asks whether a user is younger than a few days, so a sighting must
+/// outlive any sensible `younger_than`; a user absent for three months coming back as "new"
+/// is acceptable, while keeping every user ever seen forever is not.
+pub const SEEN_RETENTION_MS: u64 = 90 * 86_400_000;
 
 /// `<prefix>:trust-points:uid:<user>`: the user's awards. The segment after the prefix
 /// holds a hyphen, which scene names cannot: no trust key collides with a scene's.

@@ -1,0 +1,232 @@
+//! Untrusted JSON in, typed values out: the one validation error ([`RequestError`], a 400
+//! naming the field) and the field readers that `/v1/check` (`check::request`),
+//! `/v1/refund` ([`crate::refund`]) and `/v1/events` (`trust::event`) share. It sits below
+//! all three so none of them imports another to read an id the same way.
+//!
+//! Ids may be JSON strings or integers (many backends keep numeric user ids). Any byte is
+//! allowed in an id — keys encode it — but length is bounded so a hostile 10 KB id costs
+//! nothing downstream.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use crate::keys::DimensionValues;
+use crate::rules::{RuleSet, Scene};
+
+/// Longest id accepted (user, device, activity, idempotency key), in bytes.
+pub const MAX_ID_LEN: usize = 128;
+
+/// Why a body is not a valid request. Each names the field involved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("{0}")]
+    InvalidJson(String),
+    #[error("scene {0:?} is not in the current rule set")]
+    UnknownScene(String),
+    #[error("{field} is required by scene {scene}")]
+    MissingDimension { field: String, scene: String },
+    #[error("{field}: {message}")]
+    InvalidField { field: String, message: String },
+}
+
+impl RequestError {
+    /// An `invalid_field` error.
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        RequestError::InvalidField {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The API's error code (`invalid_json`, `unknown_scene`, `missing_dimension`,
+    /// `invalid_field`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            RequestError::InvalidJson(_) => "invalid_json",
+            RequestError::UnknownScene(_) => "unknown_scene",
+            RequestError::MissingDimension { .. } => "missing_dimension",
+            RequestError::InvalidField { .. } => "invalid_field",
+        }
+    }
+
+    /// The field the error is about, if any.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            RequestError::InvalidJson(_) => None,
+            RequestError::UnknownScene(_) => Some("scene"),
+            RequestError::MissingDimension { field, .. } => Some(field),
+            RequestError::InvalidField { field, .. } => Some(field),
+        }
+    }
+}
+
+/// The body as a JSON object.
+pub fn object(body: &Value) -> Result<&Map<String, Value>, RequestError> {
+    body.as_object()
+        .ok_or_else(|| RequestError::InvalidJson("the body must be a JSON object".into()))
+}
+
+/// The `scene` field: a scene of the current rule set.
+pub fn scene(rules: &RuleSet, obj: &Map<String, Value>) -> Result<Arc<Scene>, RequestError> {
+    match obj.get("scene") {
+        None | Some(Value::Null) => Err(RequestError::invalid("scene", "is required")),
+        Some(Value::String(s)) => rules
+            .scene(s)
+            .cloned()
+            .ok_or_else(|| RequestError::UnknownScene(truncate(s))),
+        Some(_) => Err(RequestError::invalid("scene", "must be a string")),
+    }
+}
+
+/// Error messages quote user input; keep them short.
+pub fn truncate(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+/// A string or integer id; `Ok(None)` when absent or null.
+pub fn id(obj: &Map<String, Value>, field: &str) -> Result<Option<String>, RequestError> {
+    let s = match obj.get(field) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
+        Some(_) => {
+            return Err(RequestError::invalid(
+                field,
+                "must be a string or an integer",
+            ))
+        }
+    };
+    if s.is_empty() {
+        return Err(RequestError::invalid(field, "must not be empty"));
+    }
+    Ok(Some(s))
+}
+
+/// `s` if it is at most [`MAX_ID_LEN`] bytes.
+pub fn bounded(field: &str, s: String) -> Result<String, RequestError> {
+    if s.len() > MAX_ID_LEN {
+        return Err(RequestError::invalid(
+            field,
+            format!("is {} bytes; at most {MAX_ID_LEN}", s.len()),
+        ));
+    }
+    Ok(s)
+}
+
+/// The body's request id, or a new ULID: time-ordered on the service clock, random below.
+pub fn request_id(obj: &Map<String, Value>, now_ms: u64) -> Result<String, RequestError> {
+    match obj.get("request_id") {
+        None | Some(Value::Null) => {
+            Ok(ulid::Ulid::from_parts(now_ms, rand::random::<u128>()).to_string())
+        }
+        Some(Value::String(s))
+            if (1..=64).contains(&s.len())
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') =>
+        {
+            Ok(s.clone())
+        }
+        Some(_) => Err(RequestError::invalid(
+            "request_id",
+            "must be 1-64 characters of [A-Za-z0-9_-]",
+        )),
+    }
+}
+
+/// The `ip` field in canonical text form (`::ffff:1.2.3.4` is `1.2.3.4`).
+pub fn ip(obj: &Map<String, Value>) -> Result<Option<String>, RequestError> {
+    match obj.get("ip") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => s
+            .trim()
+            .parse::<IpAddr>()
+            // One address, one key: ::ffff:1.2.3.4 counts as 1.2.3.4.
+            .map(|a| Some(a.to_canonical().to_string()))
+            .map_err(|_| RequestError::invalid("ip", "is not an IPv4 or IPv6 address")),
+        Some(_) => Err(RequestError::invalid("ip", "must be a string")),
+    }
+}
+
+/// Refuses a field not in `fields`, naming it.
+pub fn known_fields(obj: &Map<String, Value>, fields: &[&str]) -> Result<(), RequestError> {
+    match obj.keys().find(|k| !fields.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(unknown) => Err(RequestError::invalid(
+            &truncate(unknown),
+            format!("is not a field of this request ({})", fields.join(", ")),
+        )),
+    }
+}
+
+/// `attrs`: an object of declared attributes, each a string (or integer) matching its
+/// pattern.
+pub fn attrs(
+    rules: &RuleSet,
+    obj: &Map<String, Value>,
+) -> Result<BTreeMap<Arc<str>, String>, RequestError> {
+    let mut out = BTreeMap::new();
+    let map = match obj.get("attrs") {
+        None | Some(Value::Null) => return Ok(out),
+        Some(Value::Object(map)) => map,
+        Some(_) => return Err(RequestError::invalid("attrs", "must be an object")),
+    };
+    for name in map.keys() {
+        let field = format!("attrs.{}", truncate(name));
+        let Some((key, attr)) = rules.attributes.get_key_value(name.as_str()) else {
+            return Err(RequestError::invalid(
+                &field,
+                "is not declared in the rule set's [attributes]",
+            ));
+        };
+        let Some(value) = id(map, name)? else {
+            continue;
+        };
+        let value = bounded(&field, value)?;
+        if !attr.pattern.is_match(&value) {
+            return Err(RequestError::invalid(
+                &field,
+                format!("does not match {}", attr.pattern.as_str()),
+            ));
+        }
+        out.insert(key.clone(), value);
+    }
+    Ok(out)
+}
+
+/// Reads the dimension fields; every present one is checked, required or not. The flag is
+/// a device id longer than [`MAX_ID_LEN`]: for a check that is a forged id (a security
+/// verdict), not an input error.
+pub fn values(
+    rules: &RuleSet,
+    obj: &Map<String, Value>,
+) -> Result<(DimensionValues, bool), RequestError> {
+    let user = id(obj, "user_id")?
+        .map(|s| bounded("user_id", s))
+        .transpose()?;
+    let activity = id(obj, "activity_id")?
+        .map(|s| bounded("activity_id", s))
+        .transpose()?;
+    let device = id(obj, "device_id")?;
+    // A forged device id is a security verdict, not an input error; an absurd length is
+    // forged whatever the pattern says.
+    let device_too_long = device.as_ref().is_some_and(|d| d.len() > MAX_ID_LEN);
+    let ip = ip(obj)?;
+    let net = ip
+        .as_deref()
+        .and_then(|a| a.parse().ok())
+        .map(|a| rules.network.of(a));
+    Ok((
+        DimensionValues {
+            user,
+            device,
+            ip,
+            net,
+            activity,
+            attrs: attrs(rules, obj)?,
+        },
+        device_too_long,
+    ))
+}

@@ -1,0 +1,199 @@
+//! Refunds: a request's quota given back in every key it counted in, by `POST /v1/refund`
+//! and by a `benefit_rolled_back` event.
+//!
+//! Its own module, below both callers, because they use it differently: the HTTP layer
+//! refunds a body at once; the events service (`trust::events`) computes the op when it
+//! accepts the event, journals it, and applies it later — possibly after a restart. Neither
+//! goes through the check path, and the check path needs nothing from here.
+//!
+//! The op is computed once, from the rules in force when it is asked for, so a journaled
+//! refund replays against the same keys even after a rule change. Applying it is
+//! idempotent (the store only touches keys whose record names the request): a replay, or a
+//! refund of a request never counted, changes nothing.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::input::{self, RequestError};
+use crate::keys::{DimensionValues, KeySpace};
+use crate::metrics::Metrics;
+use crate::rules::{RuleSet, Scene};
+use crate::store::{RefundOp, StoreError, WindowStore};
+
+/// A valid refund: the request to give back and the dimension values it was checked with.
+#[derive(Debug, Clone)]
+pub struct RefundRequest {
+    pub scene: Arc<Scene>,
+    pub request_id: String,
+    pub values: DimensionValues,
+}
+
+/// Validates a `/v1/refund` body (or a `benefit_rolled_back` event): the scene, the
+/// request id, and the dimension values the check carried (they name the keys the request
+/// counted in). Fields it does not name are ignored: an event carries more.
+pub fn parse(rules: &RuleSet, body: &Value) -> Result<RefundRequest, RequestError> {
+    let obj = input::object(body)?;
+    let scene = input::scene(rules, obj)?;
+    if obj.get("request_id").is_none_or(Value::is_null) {
+        return Err(RequestError::invalid("request_id", "is required"));
+    }
+    let request_id = input::request_id(obj, 0)?;
+    let (values, _) = input::values(rules, obj)?;
+    Ok(RefundRequest {
+        scene,
+        request_id,
+        values,
+    })
+}
+
+/// Refunds on one window store, under one key prefix.
+pub struct Refunds {
+    store: Arc<dyn WindowStore>,
+    metrics: Metrics,
+    key_prefix: String,
+}
+
+impl std::fmt::Debug for Refunds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refunds")
+            .field("store", &self.store.kind())
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
+}
+
+impl Refunds {
+    /// Refunds on `store` (the windows the checks count in) under `key_prefix`.
+    pub fn new(store: Arc<dyn WindowStore>, metrics: Metrics, key_prefix: &str) -> Self {
+        Refunds {
+            store,
+            metrics,
+            key_prefix: key_prefix.to_string(),
+        }
+    }
+
+    /// Validates a `/v1/refund` body and gives the request's quota back. `Ok(false)` when
+    /// the store does not know the request.
+    pub async fn refund(
+        &self,
+        rules: &RuleSet,
+        body: &Value,
+    ) -> Result<Result<bool, StoreError>, RequestError> {
+        let op = self.op(rules, body)?;
+        Ok(self.apply(&op).await)
+    }
+
+    /// The store op that refunds the request a body names, computed now so it can be
+    /// journaled and applied later against the same keys.
+    pub fn op(&self, rules: &RuleSet, body: &Value) -> Result<RefundOp, RequestError> {
+        let req = parse(rules, body)?;
+        let ks = KeySpace {
+            prefix: &self.key_prefix,
+            scene: &req.scene.name,
+        };
+        Ok(RefundOp {
+            record_key: ks.record_key(&req.request_id),
+            request_id: req.request_id.clone(),
+            keys: keys(&ks, &req.scene, &req.values),
+        })
+    }
+
+    /// Runs a refund op. `Ok(false)` when the store does not know the request (never
+    /// counted, expired, or already refunded): applying a refund twice is harmless.
+    pub async fn apply(&self, op: &RefundOp) -> Result<bool, StoreError> {
+        let result = self.store.refund(op).await;
+        if let Err(e) = &result {
+            self.metrics.store_error(self.store.kind(), e.kind());
+        }
+        result
+    }
+
+    /// Makes every applied refund durable: the events journal forgets a rollback only
+    /// after this, so a crash cannot lose a refund it no longer holds.
+    pub async fn sync(&self) -> Result<(), StoreError> {
+        self.store.sync().await
+    }
+}
+
+/// Every key the scene's limits make from these values, without repeats (sliding limits
+/// over the same dimensions share one key, and the store would otherwise remove twice).
+fn keys(ks: &KeySpace, scene: &Scene, values: &DimensionValues) -> Vec<String> {
+    let mut keys: Vec<String> = scene
+        .limits
+        .iter()
+        .filter_map(|l| ks.limit_key(l, values))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+    use serde_json::json;
+
+    fn rules() -> RuleSet {
+        let toml = r#"
+[scene.s]
+on_store_error = "fail_close"
+required = ["user", "ip"]
+
+[[scene.s.limits]]
+name = "user_10s"
+dimensions = ["user"]
+algorithm = "sliding_window"
+window = "10s"
+max = 1
+
+[[scene.s.limits]]
+name = "user_1h"
+dimensions = ["user"]
+algorithm = "sliding_window"
+window = "1h"
+max = 5
+
+[[scene.s.limits]]
+name = "ip_1m"
+dimensions = ["ip"]
+algorithm = "fixed_window"
+window = "1m"
+max = 10
+"#;
+        crate::rules::compile_files(&[("r.toml".into(), toml.into())]).unwrap()
+    }
+
+    fn refunds() -> Refunds {
+        let clock: Arc<dyn crate::clock::Clock> =
+            Arc::new(crate::clock::ManualClock::new(1_700_000_000_000));
+        Refunds::new(EmbeddedStore::in_memory(clock), Metrics::new(), "lt")
+    }
+
+    #[test]
+    fn an_op_names_each_key_once_with_the_request_record() {
+        let body = json!({"scene": "s", "request_id": "r1", "user_id": "u:1", "ip": "192.0.2.1"});
+        let op = refunds().op(&rules(), &body).unwrap();
+        assert_eq!(op.record_key, "lt:s:req:r1");
+        assert_eq!(op.request_id, "r1");
+        // The two sliding limits over `user` share one key: named once.
+        assert_eq!(
+            op.keys,
+            ["lt:s:fw:ip_1m:ip:192.0.2.1", "lt:s:uid:u%3A1"].map(String::from)
+        );
+    }
+
+    #[test]
+    fn a_refund_names_its_request_and_scene() {
+        let r = refunds();
+        let e = r
+            .op(&rules(), &json!({"scene": "s", "user_id": "u"}))
+            .unwrap_err();
+        assert_eq!(e.field(), Some("request_id"));
+        let e = r
+            .op(&rules(), &json!({"scene": "nope", "request_id": "r"}))
+            .unwrap_err();
+        assert_eq!(e.code(), "unknown_scene");
+    }
+}
