@@ -87,10 +87,12 @@ Signals (value: what is counted in the window, this request included, at most ca
 member at t is inside while t > now - window):
   user_switches (filter not passing: value 0, nothing read or written): switched = a last
              user set inside the window (at t > now - window, like any member) and not
-             this one; value = min(switches + switched, cap); a real check adds a switch
-             (member: request id) when switched, evicts the oldest beyond cap, sets the
-             last user to this one at now (PX window + margin) and refreshes the set's
-             expiry.
+             this one; value = min(switches + switched, cap); with min_share (which the
+             rules refuse here) share = 0, as of an empty all set; a real check adds a
+             switch (member: "<ms>:<request id>", one per switch, so a request sent again
+             after a score deny switches again) when switched, evicts the oldest beyond
+             cap, sets the last user to this one at now (PX window + margin) and refreshes
+             the set's expiry.
   others     with an all-requests key, for every request: all = min(live + absent, cap);
              a real check adds the member, evicts the oldest beyond cap from the all set
              (ZSET order: score, then member bytes) and the same members from the
@@ -104,8 +106,9 @@ member at t is inside while t > now - window):
 
 Stored shapes (besides check.lua's limits and records, unchanged: refund.lua reads them):
   sighting   STRING unix ms of the first sighting, PX seen TTL (refreshed on each)
-  signal     ZSET member = hash of the counted value (or request id), score = ms
-  switches   ZSET member = request id of the switch, score = ms
+  signal     ZSET member = hash of the counted value (for requests: of the request id) as
+             16 lowercase hex digits (the caller sends it so), score = ms
+  switches   ZSET member = "<ms>:<request id>" of the switch, score = ms
   last user  STRING "<ms>:<member>": the last user's hash and when it was set (the time
              decides whether it is remembered; the expiry only cleans up)
 Every key this script writes expires: signal keys window + margin after their last write,
@@ -444,9 +447,13 @@ for i = 1, n_signals do
       end
       local events = live_count(s.key, s.window)
       value = math.min(events + (switched and 1 or 0), s.cap)
+      if s.min_share then
+        -- math::share of an empty all set: switches have none.
+        share = 0
+      end
       if not dry_run then
         if switched then
-          redis.call('ZADD', s.key, int(now), request_id)
+          redis.call('ZADD', s.key, int(now), int(now) .. ':' .. request_id)
           evict(s.key, s.cap)
         end
         redis.call('SET', s.last_key, int(now) .. ':' .. s.member, 'PX', expiry)

@@ -35,9 +35,8 @@
 //! 16 lowercase hex digits that is the numeric order of the parsed `u64`). Eviction takes
 //! the front — the least recently seen, and at equal times the smallest member — exactly
 //! the members `ZRANGE key 0 n-cap-1` names. A member that is not 16 lowercase hex digits
-//! (today: the request id of `requests`) is hashed, so among members seen in the same
-//! millisecond its order is not the script's; that matters only when such a set evicts
-//! at a tie, and with an all set (what leaves it leaves the signal's set).
+//! (today: the request id of `requests`) is hashed with [`member_of`]; the Redis decider
+//! sends the script every member in that same form, so ties go the same way on both.
 //!
 //! # Layout
 //!
