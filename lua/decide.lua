@@ -87,25 +87,28 @@ Signals (value: what is counted in the window, this request included, at most ca
 member at t is inside while t > now - window):
   user_switches (filter not passing: value 0, nothing read or written): switched = a last
              user set inside the window (at t > now - window, like any member) and not
-             this one; value = min(switches + switched, cap); a real check adds a switch
-             (member: request id) when switched, evicts the oldest beyond cap, sets the
-             last user to this one at now (PX window + margin) and refreshes the set's
-             expiry.
+             this one; value = min(switches + switched, cap); with min_share (which the
+             rules refuse here) share = 0, as of an empty all set; a real check adds a
+             switch (member: "<ms>:<request id>", one per switch, so a request sent again
+             after a score deny switches again) when switched, evicts the oldest beyond
+             cap, sets the last user to this one at now (PX window + margin) and refreshes
+             the set's expiry.
   others     with an all-requests key, for every request: all = min(live + absent, cap);
              a real check adds the member, evicts the oldest beyond cap from the all set
              (ZSET order: score, then member bytes) and the same members from the
              signal's set, refreshes the expiry. Then, when the filter passes: value =
              min(live + absent, cap) on the signal's set; a real check adds, evicts
              beyond cap, refreshes; with min_share, share = value / all rounded to 1e-9
-             (0 when all is 0). A dry run evicts nothing: when the all set is full, its
-             value (and share) can exceed what the real check, which evicts from both
-             sets before counting, answers.
+             (0 when all is 0). A dry run evicts nothing but answers as the real check:
+             it works out which members the all set's eviction would take (the same
+             ZSET order, this member moved to now) and leaves those out of the count.
   fired      applies, value > max, and with min_share a share >= min_share.
 
 Stored shapes (besides check.lua's limits and records, unchanged: refund.lua reads them):
   sighting   STRING unix ms of the first sighting, PX seen TTL (refreshed on each)
-  signal     ZSET member = hash of the counted value (or request id), score = ms
-  switches   ZSET member = request id of the switch, score = ms
+  signal     ZSET member = hash of the counted value (for requests: of the request id) as
+             16 lowercase hex digits (the caller sends it so), score = ms
+  switches   ZSET member = "<ms>:<request id>" of the switch, score = ms
   last user  STRING "<ms>:<member>": the last user's hash and when it was set (the time
              decides whether it is remembered; the expiry only cleans up)
 Every key this script writes expires: signal keys window + margin after their last write,
@@ -339,6 +342,48 @@ local function zrem_all(key, members)
   end
 end
 
+-- ZSET order of two members of equal score: their bytes, a prefix first (memcmp; Lua's
+-- own string comparison follows the locale).
+local function member_before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then
+      return x < y
+    end
+  end
+  return #a < #b
+end
+
+-- What evict() would take from key, without writing, once member is added at now and
+-- over members must leave: the first over of the live members in ZSET order (score,
+-- then member), member moved to now (possibly member itself). A dry run's forecast.
+local function would_evict(key, window, member, over)
+  local gone = {}
+  if over <= 0 then
+    return gone
+  end
+  local live = redis.call('ZRANGEBYSCORE', key, '(' .. int(now - window), '+inf',
+    'WITHSCORES', 'LIMIT', 0, over + 1)
+  local placed = false
+  for i = 1, #live, 2 do
+    local m, score = live[i], tonumber(live[i + 1])
+    if m ~= member then
+      if not placed and (now < score or (now == score and member_before(member, m))) then
+        placed = true
+        gone[#gone + 1] = member
+      end
+      gone[#gone + 1] = m
+    end
+  end
+  if not placed then
+    gone[#gone + 1] = member
+  end
+  for i = #gone, over + 1, -1 do
+    gone[i] = nil
+  end
+  return gone
+end
+
 -- Keeps the cap newest members (oldest by score, then member, leave first); returns the
 -- members evicted.
 local function evict(key, cap)
@@ -444,9 +489,13 @@ for i = 1, n_signals do
       end
       local events = live_count(s.key, s.window)
       value = math.min(events + (switched and 1 or 0), s.cap)
+      if s.min_share then
+        -- math::share of an empty all set: switches have none.
+        share = 0
+      end
       if not dry_run then
         if switched then
-          redis.call('ZADD', s.key, int(now), request_id)
+          redis.call('ZADD', s.key, int(now), int(now) .. ':' .. request_id)
           evict(s.key, s.cap)
         end
         redis.call('SET', s.last_key, int(now) .. ':' .. s.member, 'PX', expiry)
@@ -455,13 +504,18 @@ for i = 1, n_signals do
     end
   else
     local all = 0
+    -- A dry run: what the real check's eviction from the all set would take from the
+    -- signal's set before it is counted (the real check has taken it by then).
+    local gone = {}
     if s.all_key then
       local n = live_count(s.all_key, s.window)
       if not live_has(s.all_key, s.window, s.member) then
         n = n + 1
       end
       all = math.min(n, s.cap)
-      if not dry_run then
+      if dry_run then
+        gone = would_evict(s.all_key, s.window, s.member, n - s.cap)
+      else
         redis.call('ZADD', s.all_key, int(now), s.member)
         -- The share is among the most recent members of both sets: what leaves the all
         -- set leaves the signal's set too.
@@ -471,7 +525,16 @@ for i = 1, n_signals do
     end
     if applies then
       local n = live_count(s.key, s.window)
-      if not live_has(s.key, s.window, s.member) then
+      local present = live_has(s.key, s.window, s.member)
+      for _, m in ipairs(gone) do
+        if live_has(s.key, s.window, m) then
+          n = n - 1
+          if m == s.member then
+            present = false
+          end
+        end
+      end
+      if not present then
         n = n + 1
       end
       value = math.min(n, s.cap)

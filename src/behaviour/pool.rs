@@ -818,6 +818,30 @@ impl Behaviours {
     pub async fn signal_entities(&self) -> usize {
         count(&self.inner.signals).await
     }
+
+    /// Read-only inspection, for tests: every signal key's state as the last
+    /// [`Behaviours::snapshot`] wrote it, by the [`entity_hash`] of the plan's `key`, in
+    /// hash order. Entries a restart would skip (undecodable) are left out.
+    pub fn snapshotted_signals(&self) -> Result<Vec<(u64, SignalState)>, BehaviourError> {
+        let db = lock(&self.inner.db)
+            .clone()
+            .ok_or(BehaviourError::Stopped)?;
+        let read = |source| BehaviourError::Read {
+            path: self.inner.path.clone(),
+            tree: SignalState::DIMENSION,
+            source,
+        };
+        let tree = db.open_tree(SignalState::DIMENSION).map_err(read)?;
+        let mut states = Vec::new();
+        for item in tree.iter() {
+            let (key, value) = item.map_err(read)?;
+            let hash = <[u8; 8]>::try_from(key.as_ref()).map(u64::from_be_bytes);
+            if let (Ok(hash), Ok(state)) = (hash, SignalState::from_bytes(&value)) {
+                states.push((hash, state));
+            }
+        }
+        Ok(states)
+    }
 }
 
 /// Entities held by a family's shards; one that does not answer counts as none.

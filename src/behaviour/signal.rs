@@ -35,9 +35,8 @@
 //! 16 lowercase hex digits that is the numeric order of the parsed `u64`). Eviction takes
 //! the front — the least recently seen, and at equal times the smallest member — exactly
 //! the members `ZRANGE key 0 n-cap-1` names. A member that is not 16 lowercase hex digits
-//! (today: the request id of `requests`) is hashed, so among members seen in the same
-//! millisecond its order is not the script's; that matters only when such a set evicts
-//! at a tie, and with an all set (what leaves it leaves the signal's set).
+//! (today: the request id of `requests`) is hashed with [`member_of`]; the Redis decider
+//! sends the script every member in that same form, so ties go the same way on both.
 //!
 //! # Layout
 //!
@@ -215,6 +214,34 @@ fn count_with(set: &[Entry], member: u64, now: u64, window: u64, cap: usize) -> 
     (live.len() + usize::from(absent)).min(cap) as u64
 }
 
+/// The members [`touch`] would evict from `live` (a set's members inside the window, in
+/// order) when `member` is seen at `now` and `over` of them must leave: the first `over`
+/// in `(last seen, member)` order once `member` has moved to `now` — possibly `member`
+/// itself. What a dry run foresees of a recording.
+fn would_evict(live: &[Entry], member: u64, now: u64, over: usize) -> Vec<u64> {
+    if over == 0 {
+        return Vec::new();
+    }
+    let moved = Entry { member, at: now };
+    let mut gone = Vec::with_capacity(over);
+    let mut placed = false;
+    for e in live.iter().filter(|e| e.member != member) {
+        if !placed && moved.order() < e.order() {
+            placed = true;
+            gone.push(member);
+        }
+        gone.push(e.member);
+        if gone.len() >= over {
+            break;
+        }
+    }
+    if !placed {
+        gone.push(member);
+    }
+    gone.truncate(over);
+    gone
+}
+
 /// Switch times inside the window.
 fn live_times(times: &[u64], now: u64, window: u64) -> usize {
     times.len() - first_in_window(times, |&t| t, now, window)
@@ -277,10 +304,10 @@ impl SignalState {
     /// of another shape (the rule's count changed) reads as empty, as `observe` would
     /// reset it.
     ///
-    /// One difference, by contract (the script's dry run has it too): a recording evicts
-    /// from a full all set — and so from the signal's set — before it counts the signal's
-    /// set; a dry run evicts nothing, so its value (and share) can exceed the recording's
-    /// by what that eviction would have removed.
+    /// A recording that fills the all set past its cap evicts from it — and so from the
+    /// signal's set — before it counts the signal's set; the dry run evicts nothing but
+    /// works out what that eviction would take ([`would_evict`]) and leaves it out of
+    /// the count, so it answers exactly as the recording would.
     pub fn peek(&self, spec: &SignalSpec, member: u64, applies: bool, now: u64) -> SignalValue {
         let window = spec.window_ms;
         if spec.switches {
@@ -300,17 +327,24 @@ impl SignalState {
             Sets::Shared { matching, all } => (matching, all),
             Sets::Switches { .. } => (&[], &[]),
         };
-        let all = spec
-            .shared
-            .then(|| count_with(all, member, now, window, spec.cap()));
+        // What the recording would evict from the all set, and so from the signal's set.
+        let mut gone = Vec::new();
+        let all = spec.shared.then(|| {
+            let live = &all[first_in_window(all, |e| e.at, now, window)..];
+            let absent = !live.iter().rev().any(|e| e.member == member);
+            let n = live.len() + usize::from(absent);
+            gone = would_evict(live, member, now, n.saturating_sub(spec.cap()));
+            n.min(spec.cap()) as u64
+        });
         if !applies {
             return not_applying();
         }
-        applying(
-            spec,
-            count_with(matching, member, now, window, spec.cap()),
-            all,
-        )
+        let live = &matching[first_in_window(matching, |e| e.at, now, window)..];
+        let held = |m: u64| live.iter().rev().any(|e| e.member == m);
+        let evicted = gone.iter().filter(|&&g| held(g)).count();
+        let present = held(member) && !gone.contains(&member);
+        let value = (live.len() - evicted + usize::from(!present)).min(spec.cap());
+        applying(spec, value as u64, all)
     }
 
     /// Records one request and answers the signal's value, this request included: the

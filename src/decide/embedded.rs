@@ -71,7 +71,9 @@ impl EmbeddedDecider {
         if let Some(user) = trust.points_key.as_deref().and_then(user_of) {
             facts.points = ledger.points(&user, now)?.min(trust.max_points);
         }
-        if let Some((younger_than, _)) = trust.new_account {
+        // Without a user there is no age, whatever the check says it was created.
+        let has_user = trust.points_key.is_some() || trust.user_seen_key.is_some();
+        if let (Some((younger_than, _)), true) = (trust.new_account, has_user) {
             let born = match (trust.user_created_ms, trust.user_seen_key.as_deref()) {
                 (Some(created), _) => Some(created),
                 // A user never seen is seen now (a dry run records nothing, but the

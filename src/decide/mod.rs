@@ -96,7 +96,9 @@ pub struct SignalPlan {
     pub count: Count,
     /// What this request adds to the set: the hash of the counted value (users, devices,
     /// ips, nets; `user_switches`: the user) as 16 hex digits, or the request id
-    /// (`requests`).
+    /// (`requests`). Both deciders hash a request id alike
+    /// ([`crate::behaviour::signal::member_of`]), so members seen in one millisecond leave
+    /// a full set in the same order on both.
     pub member: String,
     pub filter: Option<Filter>,
     pub window_ms: u64,

@@ -17,7 +17,9 @@ use std::time::Duration;
 use ::redis::{Script, Value};
 use async_trait::async_trait;
 
+use super::math::MAX_CAP;
 use super::{CheckPlan, Decided, Decider, Facts, Judgement, LimitValue, Outcome, SignalValue};
+use crate::behaviour::signal::member_of;
 use crate::clock::Clock;
 use crate::rules::{Algorithm, Filter};
 use crate::store::redis::{map_redis_error, STARTUP_MIN_MS};
@@ -148,6 +150,15 @@ fn algo_code(algorithm: Algorithm) -> &'static str {
     }
 }
 
+/// A signal's member as the script stores it: 16 lowercase hex digits, as the embedded
+/// decider reads it ([`member_of`]): a hash already is kept, anything else (the request id
+/// counted by `requests`) is hashed. A ZSET orders such members as the embedded sets order
+/// their `u64`s, so members seen in one millisecond leave a full set in the same order on
+/// both deciders.
+fn script_member(member: &str) -> String {
+    format!("{:016x}", member_of(member))
+}
+
 /// KEYS and ARGV of one call, in the layout of the script header. An absent optional key
 /// is the record key plus a flag, so positions never move.
 fn invocation(plan: &CheckPlan, now: String) -> (Vec<String>, Vec<String>) {
@@ -216,11 +227,13 @@ fn invocation(plan: &CheckPlan, now: String) -> (Vec<String>, Vec<String>) {
     args.push(plan.limits.len().to_string());
     for (i, s) in plan.signals.iter().enumerate() {
         args.push(s.count.name().to_string());
-        args.push(s.member.clone());
+        args.push(script_member(&s.member));
         args.push(filter_arg(s.filter));
         args.push(s.window_ms.to_string());
         args.push(s.max.to_string());
-        args.push(s.cap.max(1).to_string());
+        // The embedded decider's bounds (`SignalSpec::of`): memory stays bounded whatever
+        // a plan says.
+        args.push(s.cap.clamp(1, MAX_CAP).to_string());
         args.push(opt_float(s.min_share));
         args.push(flag(s.all_key.is_some()));
         args.push(flag(s.last_key.is_some()));

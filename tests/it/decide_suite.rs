@@ -1,30 +1,46 @@
 //! One behaviour suite for every [`Decider`]: what a check learns (trust points, first
 //! sightings), what its signals count, how it scores, and how its limits hold, as a user
-//! of the service would notice them. Today it runs on the Redis decider (`lua/decide.lua`
-//! on a throwaway `redis-server` per test); another decider joins by one line in
-//! [`on_every_decider!`] and its arms in [`Env`].
+//! of the service would notice them. Every case runs on the Redis decider (`lua/decide.lua`
+//! on a throwaway `redis-server` per test) and on the embedded decider (sled ledger,
+//! behaviour actors, embedded window store — journaled, and in memory), through
+//! [`on_every_decider!`] and the arms of [`Env`]: the two deciders give the same answers.
+//!
+//! Cases say what a user of the service would notice. Where that cannot show what matters
+//! (a set's memory bound, what a dry run left behind) they look inside through [`Env`]'s
+//! read-only inspection, which each arm answers from its own store.
 //!
 //! Cases move a [`ManualClock`] (never sleep). It starts at [`t0`], the current hour:
 //! trust awards expire with PEXPIREAT in Redis's own clock, so the manual clock must stay
-//! near the real time for an award to live as long as the test needs it.
+//! near the real time for an award to live as long as the test needs it. (For the same
+//! reason no case lets a request record or a sighting outlive its TTL: on Redis those
+//! expire on Redis's clock only.)
 //!
-//! Redis-only behaviour (one EVALSHA per check, NOSCRIPT) is at the end.
+//! Redis-only behaviour (one EVALSHA per check, NOSCRIPT, key names, expiries and the
+//! request record's format) is at the end.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, OnceLock};
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use vigia::clock::ManualClock;
+use vigia::behaviour::signal::SignalState;
+use vigia::behaviour::state::entity_hash;
+use vigia::behaviour::Behaviours;
+use vigia::clock::{Clock, ManualClock};
+use vigia::config::BehaviourConfig;
+use vigia::decide::embedded::EmbeddedDecider;
 use vigia::decide::math::{effective_max, score as math_score, signal_cap};
 use vigia::decide::redis::RedisDecider;
 use vigia::decide::{
     CheckPlan, Decided, Decider, Judgement, LimitPlan, LimitValue, Outcome, ScorePlan, SignalPlan,
     SignalValue, TrustPlan,
 };
+use vigia::metrics::Metrics;
 use vigia::rules::{Algorithm, Count, Filter};
+use vigia::store::embedded::EmbeddedStore;
 use vigia::store::redis::RedisStore;
 use vigia::store::{LimitState, RefundOp, WindowStore, EXPIRY_MARGIN_MS};
-use vigia::trust::{Award, AwardKind, RedisLedger, TrustLedger};
+use vigia::trust::{journal, Award, AwardKind, RedisLedger, SledLedger, TrustLedger};
 
 use crate::common::RedisServer;
 use crate::store_suite::{
@@ -358,11 +374,33 @@ fn expected_score(plan: &CheckPlan, j: &Judgement) -> (f64, bool) {
 enum Backend {
     Redis {
         server: RedisServer,
-        /// Refunds (refund.lua) go through the window store.
-        store: RedisStore,
+        /// Refunds (refund.lua) go through the window store. (Boxed: the largest part.)
+        store: Box<RedisStore>,
         /// Awards go through the trust ledger (trust_award.lua).
         ledger: RedisLedger,
     },
+    /// The embedded decider's three parts, as `app::open_stores` builds them, under one
+    /// temporary folder.
+    Embedded {
+        /// Limits, request records, idempotency keys (journaled, or in memory).
+        windows: Arc<EmbeddedStore>,
+        /// The signal shards.
+        behaviours: Behaviours,
+        /// Points and first sightings; awards go through its `TrustLedger` API.
+        ledger: Arc<SledLedger>,
+        /// The users and devices any plan named, for [`Env::snapshot`] (the ledger cannot
+        /// be listed).
+        named: Mutex<BTreeSet<Named>>,
+        /// Last: removed once everything above is dropped.
+        _dir: tempfile::TempDir,
+    },
+}
+
+/// A user or a device some plan named.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Named {
+    User(String),
+    Device(String),
 }
 
 /// A fresh decider reading a manual clock at [`t0`], and a way to look inside.
@@ -370,6 +408,12 @@ struct Env {
     decider: Arc<dyn Decider>,
     clock: ManualClock,
     backend: Backend,
+}
+
+/// The id at the end of a key the suite built (`…:uid:<id>`, `…:did:<id>`): the suite's ids
+/// need no encoding.
+fn id_of(key: &str) -> String {
+    key.rsplit(':').next().unwrap_or_default().to_string()
 }
 
 impl Env {
@@ -395,8 +439,60 @@ impl Env {
             clock,
             backend: Backend::Redis {
                 server,
-                store,
+                store: Box::new(store),
                 ledger,
+            },
+        }
+    }
+
+    /// The embedded decider on the journaled window store (the service's).
+    fn embedded() -> Env {
+        Self::embedded_on(|dir, clock| {
+            EmbeddedStore::open(&dir.join("windows"), clock).expect("open the window store")
+        })
+    }
+
+    /// The embedded decider on the in-memory window store (`vigia simulate`'s).
+    fn in_memory() -> Env {
+        Self::embedded_on(|_, clock| EmbeddedStore::in_memory(clock))
+    }
+
+    fn embedded_on(windows: impl FnOnce(&Path, Arc<dyn Clock>) -> Arc<EmbeddedStore>) -> Env {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = ManualClock::new(t0());
+        let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+        let windows = windows(dir.path(), shared.clone());
+        let events = journal::open_db(&dir.path().join("events")).expect("events db");
+        let ledger = Arc::new(SledLedger::open(&events, shared.clone()).expect("ledger"));
+        let config = BehaviourConfig {
+            shards: 2,
+            threads: 1,
+            // A bound, not a timing: a shard this late is stuck, and the test says so.
+            deadline_ms: 60_000,
+            ..BehaviourConfig::default()
+        };
+        let behaviours = Behaviours::start(
+            &config,
+            &dir.path().join("behaviour"),
+            shared.clone(),
+            Metrics::new(),
+        )
+        .expect("behaviours");
+        let decider = EmbeddedDecider::new(
+            windows.clone(),
+            behaviours.clone(),
+            Some(ledger.clone()),
+            shared,
+        );
+        Env {
+            decider: Arc::new(decider),
+            clock,
+            backend: Backend::Embedded {
+                windows,
+                behaviours,
+                ledger,
+                named: Mutex::new(BTreeSet::new()),
+                _dir: dir,
             },
         }
     }
@@ -406,7 +502,28 @@ impl Env {
         self.clock.set(t0() + ms);
     }
 
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Embedded: remembers the users and devices `plan` names, for [`Env::snapshot`].
+    fn note(&self, plan: &CheckPlan) {
+        if let (Backend::Embedded { named, .. }, Some(trust)) = (&self.backend, &plan.trust) {
+            let mut named = named.lock().expect("named");
+            for key in [&trust.points_key, &trust.user_seen_key]
+                .into_iter()
+                .flatten()
+            {
+                named.insert(Named::User(id_of(key)));
+            }
+            if let Some(key) = &trust.device_seen_key {
+                named.insert(Named::Device(id_of(key)));
+            }
+        }
+    }
+
     async fn decide(&self, plan: &CheckPlan) -> Decided {
+        self.note(plan);
         self.decider
             .decide(plan)
             .await
@@ -432,21 +549,23 @@ impl Env {
         }
     }
 
-    /// Decides `plan` as a dry run, then for real: asserts that the dry run changed no key
-    /// and no expiry, and answered as the real check; the real answer.
+    /// Decides `plan` as a dry run, then for real: asserts that the dry run changed nothing
+    /// (no key, no expiry, no signal, no sighting) and answered as the real check; the
+    /// real answer.
     async fn dry_then_real(&self, plan: CheckPlan) -> Judgement {
+        self.note(&plan);
         self.freeze_ttls();
-        let before = self.snapshot();
+        let before = self.snapshot().await;
         let dry = self.judged(&plan.clone().dry()).await;
         let what = format!("the dry run of {}", plan.request_id);
-        assert_eq!(self.snapshot(), before, "{what} changed something");
+        assert_eq!(self.snapshot().await, before, "{what} changed something");
         self.assert_ttls_frozen(&what);
         let real = self.judged(&plan).await;
         assert_eq!(dry, real, "{what} answered otherwise");
         real
     }
 
-    /// Awards `points` to `user` until `expires_at_ms`.
+    /// Awards `points` to `user` until `expires_at_ms`, through the decider's trust ledger.
     async fn award(&self, user: &str, points: u32, event_id: &str, expires_at_ms: u64) {
         let award = Award {
             event_id: event_id.to_string(),
@@ -457,124 +576,260 @@ impl Env {
         };
         match &self.backend {
             Backend::Redis { ledger, .. } => ledger.award(&award).await.expect("award"),
+            Backend::Embedded { ledger, .. } => ledger.award(&award).await.expect("award"),
         }
     }
 
     async fn refund(&self, op: &RefundOp) -> bool {
         match &self.backend {
             Backend::Redis { store, .. } => store.refund(op).await.expect("refund"),
+            Backend::Embedded { windows, .. } => windows.refund(op).await.expect("refund"),
         }
     }
 
-    /// Every key held.
-    fn keys(&self) -> BTreeSet<String> {
+    // -- Inspection: what the answers cannot show (memory bounds, what a dry run left). --
+
+    /// The window store's keys: limits, request records, idempotency keys (on Redis, every
+    /// key but the signals' and trust's).
+    fn window_keys(&self) -> BTreeSet<String> {
         match &self.backend {
-            Backend::Redis { server, .. } => redis_keys(server).into_iter().collect(),
+            Backend::Redis { server, .. } => redis_keys(server)
+                .into_iter()
+                .filter(|k| !is_signal_or_trust_key(k))
+                .collect(),
+            Backend::Embedded { windows, .. } => windows.keys().into_iter().collect(),
         }
     }
 
+    /// A window-store key is held (limit, request record, idempotency key).
     fn exists(&self, key: &str) -> bool {
-        self.keys().contains(key)
+        self.window_keys().contains(key)
     }
 
-    /// Members of a set (0 when absent).
+    /// Members of a sliding window's set (0 when absent).
     fn members(&self, key: &str) -> u64 {
         match &self.backend {
             Backend::Redis { server, .. } => redis_zcard(server, key),
+            Backend::Embedded { windows, .. } => {
+                windows.inspect(key).map_or(0, |info| info.weight as u64)
+            }
         }
     }
 
-    /// A string key's value.
-    fn get(&self, key: &str) -> Option<String> {
-        match &self.backend {
-            Backend::Redis { server, .. } => redis::cmd("GET")
-                .arg(key)
-                .query(&mut server.conn())
-                .expect("GET"),
-        }
-    }
-
-    /// Ms until `key` expires (`None`: absent or immortal).
-    fn ttl_ms(&self, key: &str) -> Option<u64> {
+    /// Ms until a window-store key expires (`None`: absent or immortal).
+    fn window_ttl_ms(&self, key: &str) -> Option<u64> {
         match &self.backend {
             Backend::Redis { server, .. } => u64::try_from(redis_pttl(server, key)).ok(),
+            Backend::Embedded { windows, .. } => windows.inspect(key).map(|info| info.ttl_ms),
         }
     }
 
-    /// Sets every key's expiry to [`FROZEN_TTL_MS`], so [`Env::assert_ttls_frozen`] can tell
-    /// later whether anything refreshed one.
+    /// The state the embedded decider holds for the signal named `name` (its plan key),
+    /// once the shards have written it out.
+    async fn signal_state(behaviours: &Behaviours, name: &str) -> Option<SignalState> {
+        behaviours.snapshot().await.expect("behaviour snapshot");
+        let hash = entity_hash(&format!("{SCENE}:sg:{name}"));
+        behaviours
+            .snapshotted_signals()
+            .expect("snapshotted signals")
+            .into_iter()
+            .find_map(|(h, state)| (h == hash).then_some(state))
+    }
+
+    /// Members (switch times, for `user_switches`) the signal `name` holds in its set,
+    /// expired ones included until trimmed (0 when it holds nothing).
+    async fn signal_members(&self, name: &str) -> u64 {
+        match &self.backend {
+            Backend::Redis { server, .. } => redis_zcard(server, &format!("{SCENE}:sg:{name}")),
+            Backend::Embedded { behaviours, .. } => Self::signal_state(behaviours, name)
+                .await
+                .map_or(0, |s| s.len() as u64),
+        }
+    }
+
+    /// Members the signal `name` holds in its all-requests set (`min_share`).
+    async fn all_members(&self, name: &str) -> u64 {
+        match &self.backend {
+            Backend::Redis { server, .. } => redis_zcard(server, &format!("{SCENE}:sa:{name}")),
+            Backend::Embedded { behaviours, .. } => Self::signal_state(behaviours, name)
+                .await
+                .map_or(0, |s| s.all_len() as u64),
+        }
+    }
+
+    /// The user's first sighting, as kept (reading it marks nothing).
+    fn user_first_seen(&self, user: &str) -> Option<u64> {
+        match &self.backend {
+            Backend::Redis { server, .. } => redis_get(server, &user_seen_key(user))
+                .map(|v| v.parse().expect("a sighting is unix ms")),
+            Backend::Embedded { ledger, .. } => {
+                ledger.user_seen(user, false, self.now()).expect("read")
+            }
+        }
+    }
+
+    /// The device's first sighting, as kept (reading it marks nothing).
+    fn device_first_seen(&self, device: &str) -> Option<u64> {
+        match &self.backend {
+            Backend::Redis { server, .. } => redis_get(server, &device_seen_key(device))
+                .map(|v| v.parse().expect("a sighting is unix ms")),
+            Backend::Embedded { ledger, .. } => {
+                ledger.device_seen(device, false, self.now()).expect("read")
+            }
+        }
+    }
+
+    /// Redis: sets every key's expiry to [`FROZEN_TTL_MS`], so [`Env::assert_ttls_frozen`]
+    /// can tell later whether anything refreshed one. Embedded: nothing to do, the
+    /// snapshot holds every expiry as a time on the manual clock.
     fn freeze_ttls(&self) {
-        match &self.backend {
-            Backend::Redis { server, .. } => {
-                let mut conn = server.conn();
-                for key in redis_keys(server) {
-                    let _: i64 = redis::cmd("PEXPIRE")
-                        .arg(&key)
-                        .arg(FROZEN_TTL_MS)
-                        .query(&mut conn)
-                        .expect("PEXPIRE");
-                }
+        if let Backend::Redis { server, .. } = &self.backend {
+            let mut conn = server.conn();
+            for key in redis_keys(server) {
+                let _: i64 = redis::cmd("PEXPIRE")
+                    .arg(&key)
+                    .arg(FROZEN_TTL_MS)
+                    .query(&mut conn)
+                    .expect("PEXPIRE");
             }
         }
     }
 
-    /// No key's expiry was set since [`Env::freeze_ttls`] (a test runs in well under 2 s).
+    /// Redis: no key's expiry was set since [`Env::freeze_ttls`] (a test runs in well
+    /// under 2 s). Embedded: [`Env::snapshot`] compares the expiries.
     fn assert_ttls_frozen(&self, what: &str) {
-        for key in self.keys() {
-            let ttl = self.ttl_ms(&key).unwrap_or(0);
-            assert!(
-                ttl <= FROZEN_TTL_MS && ttl + 2 * SEC > FROZEN_TTL_MS,
-                "{what} set the expiry of {key} (PTTL {ttl})"
-            );
+        if let Backend::Redis { server, .. } = &self.backend {
+            for key in redis_keys(server) {
+                let ttl = u64::try_from(redis_pttl(server, &key)).unwrap_or(0);
+                assert!(
+                    ttl <= FROZEN_TTL_MS && ttl + 2 * SEC > FROZEN_TTL_MS,
+                    "{what} set the expiry of {key} (PTTL {ttl})"
+                );
+            }
         }
     }
 
-    /// Every key and its whole content, for before/after comparisons.
-    fn snapshot(&self) -> BTreeMap<String, String> {
+    /// Everything held and its whole content, for before/after comparisons. Embedded: the
+    /// window store's keys (members held, expiry time), every signal state, and the
+    /// sightings and awards of every user and device a plan named.
+    async fn snapshot(&self) -> BTreeMap<String, String> {
         match &self.backend {
-            Backend::Redis { server, .. } => {
-                let mut conn = server.conn();
-                redis_keys(server)
+            Backend::Redis { server, .. } => redis_snapshot(server),
+            Backend::Embedded {
+                windows,
+                behaviours,
+                ledger,
+                named,
+                ..
+            } => {
+                let now = self.now();
+                let mut out: BTreeMap<String, String> = windows
+                    .keys()
                     .into_iter()
-                    .map(|key| {
-                        let kind: String =
-                            redis::cmd("TYPE").arg(&key).query(&mut conn).expect("TYPE");
-                        let content = match kind.as_str() {
-                            "string" => format!("{:?}", self.get(&key)),
-                            "zset" => {
-                                let m: Vec<(String, String)> = redis::cmd("ZRANGE")
-                                    .arg(&key)
-                                    .arg(0)
-                                    .arg(-1)
-                                    .arg("WITHSCORES")
-                                    .query(&mut conn)
-                                    .expect("ZRANGE");
-                                format!("{m:?}")
-                            }
-                            "hash" => {
-                                let h: BTreeMap<String, String> = redis::cmd("HGETALL")
-                                    .arg(&key)
-                                    .query(&mut conn)
-                                    .expect("HGETALL");
-                                format!("{h:?}")
-                            }
-                            other => format!("a {other}"),
-                        };
-                        (key, format!("{kind} {content}"))
+                    .filter_map(|k| {
+                        let info = windows.inspect(&k)?;
+                        Some((k, format!("{} until {}", info.weight, now + info.ttl_ms)))
                     })
-                    .collect()
+                    .collect();
+                behaviours.snapshot().await.expect("behaviour snapshot");
+                for (hash, state) in behaviours.snapshotted_signals().expect("signals") {
+                    out.insert(format!("signal {hash:016x}"), format!("{state:?}"));
+                }
+                let named = named.lock().expect("named").clone();
+                for n in named {
+                    match n {
+                        Named::User(user) => {
+                            let seen = ledger.user_seen(&user, false, now).expect("read");
+                            let awards = ledger.awards(&user).await.expect("awards");
+                            out.insert(format!("user {user}"), format!("{seen:?} {awards:?}"));
+                        }
+                        Named::Device(device) => {
+                            let seen = ledger.device_seen(&device, false, now).expect("read");
+                            out.insert(format!("device {device}"), format!("{seen:?}"));
+                        }
+                    }
+                }
+                out
             }
+        }
+    }
+
+    /// The Redis server (Redis-only cases).
+    fn server(&self) -> &RedisServer {
+        match &self.backend {
+            Backend::Redis { server, .. } => server,
+            Backend::Embedded { .. } => panic!("a Redis-only case on the embedded decider"),
         }
     }
 }
 
-/// Defines each case on every decider: `on_redis::NAME` (add `on_embedded` here when the
-/// embedded decider lands, with its arms in [`Env`]).
+/// Keys of signals (`sg`, `sa`, `sl`) and of trust (points, sightings).
+fn is_signal_or_trust_key(key: &str) -> bool {
+    [":sg:", ":sa:", ":sl:"]
+        .iter()
+        .any(|part| key.starts_with(&format!("{SCENE}{part}")))
+        || key.starts_with(&format!("{PREFIX}:trust-points:"))
+        || key.starts_with(&format!("{PREFIX}:user-seen:"))
+        || key.starts_with(&format!("{PREFIX}:device-seen:"))
+}
+
+/// A string key's value.
+fn redis_get(server: &RedisServer, key: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(key)
+        .query(&mut server.conn())
+        .expect("GET")
+}
+
+/// Every key and its whole content.
+fn redis_snapshot(server: &RedisServer) -> BTreeMap<String, String> {
+    let mut conn = server.conn();
+    redis_keys(server)
+        .into_iter()
+        .map(|key| {
+            let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).expect("TYPE");
+            let content = match kind.as_str() {
+                "string" => format!("{:?}", redis_get(server, &key)),
+                "zset" => {
+                    let m: Vec<(String, String)> = redis::cmd("ZRANGE")
+                        .arg(&key)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES")
+                        .query(&mut conn)
+                        .expect("ZRANGE");
+                    format!("{m:?}")
+                }
+                "hash" => {
+                    let h: BTreeMap<String, String> = redis::cmd("HGETALL")
+                        .arg(&key)
+                        .query(&mut conn)
+                        .expect("HGETALL");
+                    format!("{h:?}")
+                }
+                other => format!("a {other}"),
+            };
+            (key, format!("{kind} {content}"))
+        })
+        .collect()
+}
+
+/// Defines each case on every decider: `on_redis::NAME` (`lua/decide.lua`), and the
+/// embedded decider on the journaled window store (`on_embedded::NAME`, the service's)
+/// and on the in-memory one (`on_in_memory::NAME`, `vigia simulate`'s).
 macro_rules! on_every_decider {
     ($( $(#[$meta:meta])* async fn $name:ident($env:ident: Env) $body:block )*) => {
         mod on_redis {
             use super::*;
             $( $(#[$meta])* async fn $name() { let $env = Env::redis().await; $body } )*
+        }
+        mod on_embedded {
+            use super::*;
+            $( $(#[$meta])* async fn $name() { let $env = Env::embedded(); $body } )*
+        }
+        mod on_in_memory {
+            use super::*;
+            $( $(#[$meta])* async fn $name() { let $env = Env::in_memory(); $body } )*
         }
     };
 }
@@ -610,11 +865,6 @@ on_every_decider! {
         let bob = env.judged(&untrusted("r4", "bob")).await;
         assert_eq!(bob.facts.points, 1);
         assert!(!sig(&bob, 0).applies);
-        assert_eq!(
-            env.members(&points_key("bob")),
-            1,
-            "the expired award is trimmed"
-        );
         env.at(2 * DAY);
         let bob = env.judged(&untrusted("r5", "bob")).await;
         assert_eq!(bob.facts.points, 0);
@@ -633,14 +883,15 @@ on_every_decider! {
     async fn a_user_is_new_from_the_first_sighting_or_the_creation_date(env: Env) {
         let new = env.judged(&check("r1").user("ann")).await;
         assert_eq!(new.facts.new_account, Some(true), "never seen: new");
-        assert_eq!(env.get(&user_seen_key("ann")), Some(t0().to_string()));
+        assert_eq!(env.user_first_seen("ann"), Some(t0()));
 
         let old = env
             .judged(&check("r2").user("old").created(long_ago()))
             .await;
         assert_eq!(old.facts.new_account, Some(false));
-        assert!(
-            !env.exists(&user_seen_key("old")),
+        assert_eq!(
+            env.user_first_seen("old"),
+            None,
             "the creation date needs no sighting"
         );
         let created = env
@@ -651,7 +902,7 @@ on_every_decider! {
         // A dry run sees a new user and records no sighting.
         let dry = env.judged(&check("d1").user("bea").dry()).await;
         assert_eq!(dry.facts.new_account, Some(true));
-        assert!(!env.exists(&user_seen_key("bea")));
+        assert_eq!(env.user_first_seen("bea"), None);
         // So the next real check, days later, is still the first sighting.
         env.at(3 * DAY);
         assert_eq!(
@@ -679,11 +930,7 @@ on_every_decider! {
             env.judged(&check("r8").user("ann")).await.facts.new_account,
             Some(false)
         );
-        assert_eq!(
-            env.get(&user_seen_key("ann")),
-            Some(t0().to_string()),
-            "first, kept"
-        );
+        assert_eq!(env.user_first_seen("ann"), Some(t0()), "first, kept");
 
         // Unknown: no user, or no [trust].new_account.
         assert_eq!(
@@ -693,8 +940,11 @@ on_every_decider! {
         let mut plan = check("r10").user("cid");
         plan.trust.as_mut().expect("trust").new_account = None;
         assert_eq!(env.judged(&plan).await.facts.new_account, None);
-        assert!(!env.exists(&user_seen_key("cid")), "nobody asked the age");
+        assert_eq!(env.user_first_seen("cid"), None, "nobody asked the age");
         assert_eq!(env.judged(&check("r11")).await.facts.new_account, None);
+        // A creation date without a user: no user, no age.
+        let nobody = env.judged(&check("r12").trusted().created(recently())).await;
+        assert_eq!(nobody.facts.new_account, None);
     }
 
     #[tokio::test]
@@ -702,11 +952,11 @@ on_every_decider! {
         let first = env.judged(&check("r1").device("d1")).await;
         assert_eq!(first.facts.new_device, Some(true));
         assert_eq!(first.facts.new_account, None, "no user");
-        assert!(env.exists(&device_seen_key("d1")));
+        assert_eq!(env.device_first_seen("d1"), Some(t0()));
 
         let dry = env.judged(&check("d1").device("d2").dry()).await;
         assert_eq!(dry.facts.new_device, Some(true));
-        assert!(!env.exists(&device_seen_key("d2")));
+        assert_eq!(env.device_first_seen("d2"), None);
         env.at(HOUR);
         assert_eq!(
             env.judged(&check("r2").device("d2")).await.facts.new_device,
@@ -726,6 +976,19 @@ on_every_decider! {
             env.judged(&check("r5").device("d1")).await.facts.new_device,
             Some(false)
         );
+        // What new_device filters: new d4 counts, old d1 does not.
+        let per_device = |id: &str, device: &str| {
+            check(id)
+                .device(device)
+                .signal(signal("nd", Count::Requests, id, DAY, 5).only(Filter::NewDevice))
+                .limit(sliding("nd", DAY, 5).only(Filter::NewDevice))
+        };
+        let new = env.judged(&per_device("r5b", "d4")).await;
+        assert_eq!((sig(&new, 0).applies, value(&new, 0)), (true, 1));
+        assert_eq!((applies(&new), allowed(&new)), (vec![true], vec![1]));
+        let old = env.judged(&per_device("r5c", "d1")).await;
+        assert_eq!((sig(&old, 0).applies, value(&old, 0)), (false, 0));
+        assert_eq!((applies(&old), allowed(&old)), (vec![false], vec![0]));
 
         assert_eq!(
             env.judged(&check("r6").user("ann")).await.facts.new_device,
@@ -803,14 +1066,57 @@ on_every_decider! {
                 (3, true)
             ]
         );
-        assert_eq!(
-            env.members(&format!("{SCENE}:sg:rq")),
-            cap,
-            "the set keeps the cap"
-        );
+        assert_eq!(env.signal_members("rq").await, cap, "the set keeps the cap");
         // Everything leaves with the window.
         env.at(5 + w);
         assert_eq!(value(&env.judged(&see("late")).await, 0), 1);
+    }
+
+    #[tokio::test]
+    async fn at_a_tie_requests_leave_the_share_sets_in_the_order_of_their_hash(env: Env) {
+        // Requests of new accounts, at least all of the last four (max 1, min_share 1.0:
+        // the sets keep 4), all in one millisecond: the all set evicts at a tie, by member,
+        // and a request's member is the hash of its id. Five ids whose smallest hash is
+        // not the smallest id, so the order of the ids would evict another.
+        let ids = (0..)
+            .map(|n| (0..5).map(|i| format!("t{n}-{i}")).collect::<Vec<_>>())
+            .find(|ids| {
+                let by_hash = ids.iter().min_by_key(|id| entity_hash(id));
+                by_hash != ids.iter().min()
+            })
+            .expect("some five ids");
+        let first = ids
+            .iter()
+            .min_by_key(|id| entity_hash(id))
+            .expect("five")
+            .clone();
+        let rest: Vec<&String> = ids.iter().filter(|id| **id != first).collect();
+        let see = |id: &str, user: &str, created: u64| {
+            check(id).user(user).created(created).signal(
+                signal("rq-new", Count::Requests, id, HOUR, 1)
+                    .only(Filter::NewAccount)
+                    .share(1.0),
+            )
+        };
+        assert_eq!(signal_cap(1, Some(1.0)), 4);
+        env.at(1);
+        env.judged(&see(&first, "n1", recently())).await;
+        for (i, id) in rest[..3].iter().enumerate() {
+            env.judged(&see(id, &format!("o{i}"), long_ago())).await;
+        }
+        // The fifth pushes the smallest hash, the new account's first request, out of
+        // both sets.
+        let last = env.dry_then_real(see(rest[3], "n2", recently())).await;
+        assert_eq!(
+            sig(&last, 0),
+            SignalValue {
+                applies: true,
+                value: 1,
+                share: Some(0.25),
+                fired: false
+            }
+        );
+        assert_eq!(env.signal_members("rq-new").await, 1);
     }
 
     #[tokio::test]
@@ -831,8 +1137,9 @@ on_every_decider! {
                 fired: false
             }
         );
-        assert!(
-            !env.exists(&format!("{SCENE}:sg:new-per-dev")),
+        assert_eq!(
+            env.signal_members("new-per-dev").await,
+            0,
             "nothing written"
         );
         assert_eq!(
@@ -850,7 +1157,7 @@ on_every_decider! {
             !sig(&old3, 0).fired,
             "a request it does not apply to cannot fire it"
         );
-        assert_eq!(env.members(&format!("{SCENE}:sg:new-per-dev")), 2);
+        assert_eq!(env.signal_members("new-per-dev").await, 2);
     }
 
     #[tokio::test]
@@ -951,8 +1258,8 @@ on_every_decider! {
             env.judged(&see("c", &format!("c-o{i}"), &format!("o{i}"), long_ago()))
                 .await;
         }
-        assert_eq!(env.members(&format!("{SCENE}:sg:upn:c")), 0);
-        assert_eq!(env.members(&format!("{SCENE}:sa:upn:c")), cap);
+        assert_eq!(env.signal_members("upn:c").await, 0);
+        assert_eq!(env.all_members("upn:c").await, cap);
         next(&env);
         let n7 = env.judged(&see("c", "c-n7", "n7", recently())).await;
         assert_eq!(
@@ -1051,7 +1358,51 @@ on_every_decider! {
             1,
             "still B"
         );
-        assert_eq!(env.members(&format!("{SCENE}:sg:sw:d2")), 1);
+        assert_eq!(env.signal_members("sw:d2").await, 1);
+
+        // min_share with user_switches (the rules refuse it; a plan may still carry it):
+        // there is no all set, so the share is 0 of nothing and the signal cannot fire.
+        let shared = |id: &str, user: &str| {
+            check(id).signal(signal("sw:d4", Count::UserSwitches, user, w, 0).share(0.5))
+        };
+        env.judged(&shared("m1", "A")).await;
+        let b = env.judged(&shared("m2", "B")).await;
+        assert_eq!(
+            sig(&b, 0),
+            SignalValue {
+                applies: true,
+                value: 1,
+                share: Some(0.0),
+                fired: false
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_sent_again_after_a_score_deny_is_observed_again(env: Env) {
+        // Every check is denied by its score: nothing is recorded, so an id may come back
+        // (it is not a repeat), and its signals observe it again.
+        let plan = |id: &str, user: &str| {
+            check(id)
+                .score(1.0, None)
+                .weighted(signal("always", Count::Requests, id, HOUR, 0), 1.0)
+                .signal(signal("sw:d9", Count::UserSwitches, user, HOUR, 10))
+                .signal(signal("rq:d9", Count::Requests, id, HOUR, 10))
+        };
+        let mut seen = Vec::new();
+        for (i, (id, user)) in [("r1", "A"), ("r2", "B"), ("r3", "A"), ("r2", "B"), ("r5", "A")]
+            .into_iter()
+            .enumerate()
+        {
+            env.at(i as u64);
+            let j = env.judged(&plan(id, user)).await;
+            assert_eq!(j.outcome, Outcome::ScoreDeny, "{id}");
+            seen.push((value(&j, 1), value(&j, 2)));
+        }
+        // A, B, A, B, A: four switches, the one of the id sent again among them; that id
+        // is still one request.
+        assert_eq!(seen, [(0, 1), (1, 2), (2, 3), (3, 3), (4, 4)]);
+        assert_eq!(env.signal_members("sw:d9").await, 4);
     }
 
     #[tokio::test]
@@ -1133,11 +1484,7 @@ on_every_decider! {
             assert!(!env.exists(&l.key), "{} was touched by a score deny", l.key);
         }
         assert!(!env.exists(&record_key("r1")), "no request record");
-        assert_eq!(
-            env.members(&format!("{SCENE}:sg:seen")),
-            1,
-            "the signal observed it"
-        );
+        assert_eq!(env.signal_members("seen").await, 1, "the signal observed it");
 
         env.at(MIN);
         let later = env.judged(&plan("r2")).await;
@@ -1180,12 +1527,6 @@ on_every_decider! {
         );
         assert_eq!(env.members(&format!("{SCENE}:new:ip:1")), 2);
         assert_eq!(env.members(&format!("{SCENE}:ip:1")), 4);
-        let record: serde_json::Value =
-            serde_json::from_str(&env.get(&record_key("r5")).expect("record")).expect("json");
-        assert_eq!(
-            record,
-            serde_json::json!({"k": {format!("{SCENE}:ip:1"): "z"}})
-        );
     }
 
     #[tokio::test]
@@ -1295,8 +1636,9 @@ on_every_decider! {
                 .limit(sliding("uid:ann", HOUR, 5))
         };
         allowed(&env.judged(&plan("r1")).await);
+        env.note(&plan("r2"));
         env.freeze_ttls();
-        let before = env.snapshot();
+        let before = env.snapshot().await;
         env.at(MIN);
         assert_eq!(
             env.decide(&plan("r1")).await,
@@ -1317,7 +1659,7 @@ on_every_decider! {
             env.decide(&plan("r1").dry()).await,
             Decided::Duplicate { of: "r1".into() }
         );
-        assert_eq!(env.snapshot(), before);
+        assert_eq!(env.snapshot().await, before);
         env.assert_ttls_frozen("a repeat");
     }
 
@@ -1382,7 +1724,7 @@ on_every_decider! {
     }
 
     #[tokio::test]
-    async fn at_the_share_cap_the_oldest_leave_both_sets_and_a_dry_run_evicts_nothing(env: Env) {
+    async fn at_the_share_cap_the_oldest_leave_both_sets_and_a_dry_run_foresees_it(env: Env) {
         // max 1, min_share 1.0: the sets keep 4 members. Members chosen in hash order.
         let [a, b, c, d, m] = ["1", "2", "3", "4", "5"].map(|x| x.repeat(16));
         let see = |name: &str, id: &str, user: &str, created: u64| {
@@ -1403,22 +1745,10 @@ on_every_decider! {
                 .await;
         }
         env.at(10);
-        // The contract's one place where a dry run answers otherwise than the real check:
-        // the real check pushes a out of both sets before it counts the signal's set; a
-        // dry run evicts nothing, so a still counts.
-        let before = env.snapshot();
-        let dry = env.judged(&see("p", "p-m", &m, recently()).dry()).await;
-        assert_eq!(env.snapshot(), before);
-        assert_eq!(
-            sig(&dry, 0),
-            SignalValue {
-                applies: true,
-                value: 2,
-                share: Some(0.5),
-                fired: false
-            }
-        );
-        let real = env.judged(&see("p", "p-m", &m, recently())).await;
+        // The real check pushes a out of both sets before it counts the signal's set, so
+        // m is the only new account among the last four. The dry run evicts nothing and
+        // answers the same.
+        let real = env.dry_then_real(see("p", "p-m", &m, recently())).await;
         assert_eq!(
             sig(&real, 0),
             SignalValue {
@@ -1427,6 +1757,11 @@ on_every_decider! {
                 share: Some(0.25),
                 fired: false
             }
+        );
+        assert_eq!(
+            (env.signal_members("p").await, env.all_members("p").await),
+            (1, 4),
+            "a left both sets"
         );
 
         // Ties within one millisecond go by member, the new one included: the smallest
@@ -1452,7 +1787,7 @@ on_every_decider! {
                 fired: false
             }
         );
-        assert_eq!(env.members(&format!("{SCENE}:sa:q")), 4);
+        assert_eq!(env.all_members("q").await, 4);
         // The largest hash is kept, and a (the smallest left) is evicted.
         let last = env
             .judged(&see("q", "q-f", &"f".repeat(16), recently()))
@@ -1467,86 +1802,53 @@ on_every_decider! {
             }
         );
         assert_eq!(
-            env.members(&format!("{SCENE}:sg:q")),
+            env.signal_members("q").await,
             2,
             "0 and f; a left with the all set"
         );
     }
 
     #[tokio::test]
-    async fn every_key_written_expires_within_its_window_and_the_margin(env: Env) {
-        let m = EXPIRY_MARGIN_MS;
-        let plan = |id: &str, user: &str| {
-            check(id)
-                .user(user)
-                .device("d1")
-                .idem(id)
-                .signal(signal("upd:d1", Count::Users, user, 10 * SEC, 5))
-                .signal(
-                    signal("new-upn:n1", Count::Users, user, 20 * SEC, 1)
-                        .only(Filter::NewAccount)
-                        .share(0.5),
-                )
-                .signal(signal("sw:d1", Count::UserSwitches, user, 30 * SEC, 5))
-                .signal(signal("rq:d1", Count::Requests, id, 40 * SEC, 5))
-                .limit(sliding(&format!("uid:{user}"), 50 * SEC, 3))
-                .limit(fixed("fw:did:d1", 60 * SEC, 10))
-                .limit(bucket("tb:did:d1", 70 * SEC, 10))
-        };
-        for (i, user) in ["ann", "bob", "ann", "bob", "ann", "cid"]
+    async fn window_keys_expire_with_their_window_and_then_everything_counts_afresh(env: Env) {
+        let first = decide_the_expiring_plans(&env).await;
+        let bound: BTreeMap<String, u64> = expiry_bounds()
             .into_iter()
-            .enumerate()
-        {
-            env.at(i as u64 * SEC);
-            env.judged(&plan(&format!("r{i}"), user)).await;
-        }
-        let mut bound: BTreeMap<String, u64> = [
-            (format!("{SCENE}:sg:upd:d1"), 10 * SEC + m),
-            (format!("{SCENE}:sg:new-upn:n1"), 20 * SEC + m),
-            (format!("{SCENE}:sa:new-upn:n1"), 20 * SEC + m),
-            (format!("{SCENE}:sg:sw:d1"), 30 * SEC + m),
-            (format!("{SCENE}:sl:sw:d1"), 30 * SEC + m),
-            (format!("{SCENE}:sg:rq:d1"), 40 * SEC + m),
-            (format!("{SCENE}:uid:ann"), 50 * SEC + m),
-            (format!("{SCENE}:uid:bob"), 50 * SEC + m),
-            (format!("{SCENE}:uid:cid"), 50 * SEC + m),
-            (format!("{SCENE}:fw:did:d1"), 60 * SEC + m),
-            (format!("{SCENE}:tb:did:d1"), 70 * SEC + m),
-            (user_seen_key("ann"), SEEN_TTL),
-            (user_seen_key("bob"), SEEN_TTL),
-            (user_seen_key("cid"), SEEN_TTL),
-            (device_seen_key("d1"), SEEN_TTL),
-        ]
-        .into_iter()
-        .collect();
-        for i in 0..6 {
-            bound.insert(record_key(&format!("r{i}")), HOUR);
-            bound.insert(format!("{SCENE}:idem:r{i}"), HOUR);
-        }
-        let keys = env.keys();
-        assert_eq!(keys, bound.keys().cloned().collect::<BTreeSet<_>>());
-        for key in keys {
+            .filter(|(key, _)| !is_signal_or_trust_key(key))
+            .collect();
+        assert_eq!(
+            env.window_keys(),
+            bound.keys().cloned().collect::<BTreeSet<_>>()
+        );
+        for (key, max) in &bound {
             let ttl = env
-                .ttl_ms(&key)
+                .window_ttl_ms(key)
                 .unwrap_or_else(|| panic!("{key} does not expire"));
-            assert!(
-                ttl > 0 && ttl <= bound[&key],
-                "{key} lives {ttl} ms, more than {}",
-                bound[&key]
-            );
+            assert!(ttl > 0 && ttl <= *max, "{key} lives {ttl} ms, more than {max}");
         }
+        // The last check was at 5 s; 70 s later every window has passed it: ann's next
+        // check is answered as her first was (the switch from cid is forgotten too).
+        env.at(75 * SEC);
+        let later = env.judged(&expiring_plan("late", "ann")).await;
+        assert_eq!(later, first);
+        assert_eq!(allowed(&later), [1, 1, 1]);
+        assert_eq!(
+            later.signals.iter().map(|s| s.value).collect::<Vec<_>>(),
+            [1, 1, 0, 1]
+        );
     }
 
     #[tokio::test]
-    async fn refund_gives_back_a_decided_request(env: Env) {
+    async fn refund_gives_back_a_decided_request_in_the_limits_it_counted_in(env: Env) {
+        // The filtered limit is a fixed window: a refund that wrongly took a request out
+        // of a limit it never counted in would show in its count.
         let limits = [
             sliding("uid:u", HOUR, 5),
             fixed("fw:uid:u", HOUR, 5),
             bucket("tb:uid:u", HOUR, 5),
-            sliding("new:uid:u", HOUR, 5).only(Filter::NewAccount),
+            fixed("new:fw:uid:u", HOUR, 5).only(Filter::NewAccount),
         ];
-        let plan = |id: &str| {
-            let p = check(id).user("u").created(long_ago()).signal(signal(
+        let plan = |id: &str, created: u64| {
+            let p = check(id).user("u").created(created).signal(signal(
                 "rq",
                 Count::Requests,
                 id,
@@ -1555,19 +1857,17 @@ on_every_decider! {
             ));
             limits.iter().fold(p, |p, l| p.limit(l.clone()))
         };
-        assert_eq!(allowed(&env.judged(&plan("r1")).await), [1, 1, 1, 0]);
-        assert_eq!(allowed(&env.judged(&plan("r2")).await), [2, 2, 2, 0]);
-        let record: serde_json::Value =
-            serde_json::from_str(&env.get(&record_key("r1")).expect("record")).expect("json");
-        let fixed_start = t0() - t0() % HOUR;
         assert_eq!(
-            record,
-            serde_json::json!({"k": {
-                format!("{SCENE}:uid:u"): "z",
-                format!("{SCENE}:fw:uid:u"): format!("f:{fixed_start}"),
-                format!("{SCENE}:tb:uid:u"): "t",
-            }}),
-            "only the keys written"
+            allowed(&env.judged(&plan("n0", recently())).await),
+            [1, 1, 1, 1]
+        );
+        assert_eq!(
+            allowed(&env.judged(&plan("r1", long_ago())).await),
+            [2, 2, 2, 0]
+        );
+        assert_eq!(
+            allowed(&env.judged(&plan("r2", long_ago())).await),
+            [3, 3, 3, 0]
         );
         let refund = RefundOp {
             record_key: record_key("r1"),
@@ -1576,12 +1876,84 @@ on_every_decider! {
         };
         assert!(env.refund(&refund).await);
         assert!(!env.refund(&refund).await, "once");
-        assert_eq!(allowed(&env.judged(&plan("r3")).await), [2, 2, 2, 0]);
         assert_eq!(
-            env.decide(&plan("r1")).await,
-            Decided::Duplicate { of: "r1".into() }
+            allowed(&env.judged(&plan("r3", long_ago())).await),
+            [3, 3, 3, 0]
+        );
+        assert_eq!(
+            allowed(&env.judged(&plan("n4", recently())).await),
+            [4, 4, 4, 2],
+            "r1 never counted in the new accounts' limit, and was not taken from it"
+        );
+        assert_eq!(
+            env.decide(&plan("r1", long_ago())).await,
+            Decided::Duplicate { of: "r1".into() },
+            "a refunded request is still a repeat"
         );
     }
+}
+
+/// A check with a signal of every kind and a limit of every algorithm, each with its own
+/// window (10 s to 70 s).
+fn expiring_plan(id: &str, user: &str) -> CheckPlan {
+    check(id)
+        .user(user)
+        .device("d1")
+        .idem(id)
+        .signal(signal("upd:d1", Count::Users, user, 10 * SEC, 5))
+        .signal(
+            signal("new-upn:n1", Count::Users, user, 20 * SEC, 1)
+                .only(Filter::NewAccount)
+                .share(0.5),
+        )
+        .signal(signal("sw:d1", Count::UserSwitches, user, 30 * SEC, 5))
+        .signal(signal("rq:d1", Count::Requests, id, 40 * SEC, 5))
+        .limit(sliding(&format!("uid:{user}"), 50 * SEC, 3))
+        .limit(fixed("fw:did:d1", 60 * SEC, 10))
+        .limit(bucket("tb:did:d1", 70 * SEC, 10))
+}
+
+/// [`expiring_plan`] for r0..r5, a second apart; the first answer.
+async fn decide_the_expiring_plans(env: &Env) -> Judgement {
+    let mut first = None;
+    for (i, user) in ["ann", "bob", "ann", "bob", "ann", "cid"]
+        .into_iter()
+        .enumerate()
+    {
+        env.at(i as u64 * SEC);
+        let j = env.judged(&expiring_plan(&format!("r{i}"), user)).await;
+        first.get_or_insert(j);
+    }
+    first.expect("six checks")
+}
+
+/// Every key [`decide_the_expiring_plans`] leaves on Redis, and the most it may live.
+fn expiry_bounds() -> BTreeMap<String, u64> {
+    let m = EXPIRY_MARGIN_MS;
+    let mut bound: BTreeMap<String, u64> = [
+        (format!("{SCENE}:sg:upd:d1"), 10 * SEC + m),
+        (format!("{SCENE}:sg:new-upn:n1"), 20 * SEC + m),
+        (format!("{SCENE}:sa:new-upn:n1"), 20 * SEC + m),
+        (format!("{SCENE}:sg:sw:d1"), 30 * SEC + m),
+        (format!("{SCENE}:sl:sw:d1"), 30 * SEC + m),
+        (format!("{SCENE}:sg:rq:d1"), 40 * SEC + m),
+        (format!("{SCENE}:uid:ann"), 50 * SEC + m),
+        (format!("{SCENE}:uid:bob"), 50 * SEC + m),
+        (format!("{SCENE}:uid:cid"), 50 * SEC + m),
+        (format!("{SCENE}:fw:did:d1"), 60 * SEC + m),
+        (format!("{SCENE}:tb:did:d1"), 70 * SEC + m),
+        (user_seen_key("ann"), SEEN_TTL),
+        (user_seen_key("bob"), SEEN_TTL),
+        (user_seen_key("cid"), SEEN_TTL),
+        (device_seen_key("d1"), SEEN_TTL),
+    ]
+    .into_iter()
+    .collect();
+    for i in 0..6 {
+        bound.insert(record_key(&format!("r{i}")), HOUR);
+        bound.insert(format!("{SCENE}:idem:r{i}"), HOUR);
+    }
+    bound
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1611,7 +1983,7 @@ fn everything(id: &str) -> CheckPlan {
 #[tokio::test]
 async fn decide_on_redis_is_one_evalsha_and_nothing_else() {
     let env = Env::redis().await;
-    let Backend::Redis { server, .. } = &env.backend;
+    let server = env.server();
     env.award("ann", 1, "e1", t0() + DAY).await;
     let scripts = redis_non_evalsha_script_calls(server);
     let before = redis_evalsha_calls(server);
@@ -1634,7 +2006,76 @@ async fn decide_on_redis_is_one_evalsha_and_nothing_else() {
 #[tokio::test]
 async fn decide_on_redis_survives_a_script_flush() {
     let env = Env::redis().await;
-    let Backend::Redis { server, .. } = &env.backend;
-    server.command(&["SCRIPT", "FLUSH"]);
+    env.server().command(&["SCRIPT", "FLUSH"]);
     allowed(&env.judged(&everything("r1")).await);
+}
+
+#[tokio::test]
+async fn on_redis_every_key_is_named_and_expires_within_its_window_and_the_margin() {
+    let env = Env::redis().await;
+    decide_the_expiring_plans(&env).await;
+    let bound = expiry_bounds();
+    let server = env.server();
+    let keys: BTreeSet<String> = redis_keys(server).into_iter().collect();
+    assert_eq!(keys, bound.keys().cloned().collect::<BTreeSet<_>>());
+    for key in keys {
+        let ttl = u64::try_from(redis_pttl(server, &key))
+            .unwrap_or_else(|_| panic!("{key} does not expire"));
+        assert!(
+            ttl > 0 && ttl <= bound[&key],
+            "{key} lives {ttl} ms, more than {}",
+            bound[&key]
+        );
+    }
+}
+
+#[tokio::test]
+async fn on_redis_a_real_check_trims_expired_awards() {
+    let env = Env::redis().await;
+    env.award("bob", 2, "b1", t0() + DAY).await;
+    env.award("bob", 1, "b2", t0() + 2 * DAY).await;
+    let plan = |id: &str| check(id).user("bob").created(long_ago());
+    assert_eq!(redis_zcard(env.server(), &points_key("bob")), 2);
+    env.at(DAY);
+    env.judged(&plan("d1").dry()).await;
+    assert_eq!(
+        redis_zcard(env.server(), &points_key("bob")),
+        2,
+        "a dry run trims nothing"
+    );
+    assert_eq!(env.judged(&plan("r1")).await.facts.points, 1);
+    assert_eq!(redis_zcard(env.server(), &points_key("bob")), 1);
+}
+
+#[tokio::test]
+async fn on_redis_the_request_record_names_the_keys_written() {
+    // refund.lua's contract: what this request added to which limit key.
+    let env = Env::redis().await;
+    let plan = check("r1")
+        .user("u")
+        .created(long_ago())
+        .limit(sliding("uid:u", HOUR, 5))
+        .limit(fixed("fw:uid:u", HOUR, 5))
+        .limit(bucket("tb:uid:u", HOUR, 5))
+        .limit(sliding("new:uid:u", HOUR, 5).only(Filter::NewAccount));
+    assert_eq!(allowed(&env.judged(&plan).await), [1, 1, 1, 0]);
+    let record = redis_get(env.server(), &record_key("r1")).expect("record");
+    let record: serde_json::Value = serde_json::from_str(&record).expect("json");
+    assert_eq!(
+        record,
+        serde_json::json!({"k": {
+            format!("{SCENE}:uid:u"): "z",
+            format!("{SCENE}:fw:uid:u"): format!("f:{}", t0() - t0() % HOUR),
+            format!("{SCENE}:tb:uid:u"): "t",
+        }}),
+        "only the keys written"
+    );
+    // A request that counted nowhere still has a record.
+    let nowhere = check("r2")
+        .user("u")
+        .created(long_ago())
+        .limit(sliding("new:uid:u", HOUR, 5).only(Filter::NewAccount));
+    assert_eq!(allowed(&env.judged(&nowhere).await), [0]);
+    let record = redis_get(env.server(), &record_key("r2")).expect("record");
+    assert_eq!(record, r#"{"k":{}}"#);
 }

@@ -272,11 +272,11 @@ fn eviction_from_the_all_set_removes_from_both() {
     assert!(!got.fired);
 }
 
-/// The contract's one place where a dry run may answer other than the recording: the
-/// recording evicts from a full all set (and so from the signal's set) before it counts
-/// the signal's set; a dry run evicts nothing (the script's dry run neither).
+/// The recording evicts from a full all set (and so from the signal's set) before it
+/// counts the signal's set; the dry run evicts nothing but leaves out of its count what
+/// that eviction would take, so it answers the same (the script's dry run too).
 #[test]
-fn a_dry_run_does_not_evict_from_the_all_set() {
+fn a_dry_run_foresees_the_eviction_from_the_all_set() {
     let sp = SignalSpec {
         cap: 3,
         ..spec(Count::Users, 10 * MIN, 1, Some(0.5))
@@ -285,7 +285,9 @@ fn a_dry_run_does_not_evict_from_the_all_set() {
     s.observe(&sp, 1, true, T0);
     s.observe(&sp, 2, false, T0 + 1);
     s.observe(&sp, 3, false, T0 + 2);
-    assert_eq!(s.peek(&sp, 4, true, T0 + 3).value, 2, "1 and this one");
+    let before = s.clone();
+    assert_eq!(s.peek(&sp, 4, true, T0 + 3).value, 1, "1 would leave");
+    assert_eq!(s, before, "and has not");
     let recorded = s.observe(&sp, 4, true, T0 + 3);
     assert_eq!(
         recorded.value, 1,
@@ -311,7 +313,7 @@ fn a_dry_run_does_not_evict_from_the_all_set() {
         "0x1 left the all set at once"
     );
     // 0xd sorts last: 0xa, the oldest, is evicted from both.
-    assert_eq!(s.peek(&sp, 0xd, true, T0).value, 3, "0x1, 0xa and this one");
+    assert_eq!(s.peek(&sp, 0xd, true, T0).value, 2, "0xa would leave");
     let recorded = s.observe(&sp, 0xd, true, T0);
     assert_eq!(recorded.value, 2, "0x1 and 0xd");
 }
@@ -388,11 +390,15 @@ fn switches_saturate_at_the_cap() {
 #[test]
 fn a_dry_run_answers_as_observe_and_changes_nothing() {
     // Every shape, a pseudo-random walk over few members and small caps, so that sets
-    // fill, evict and tie within a millisecond; the all set's cap (14) exceeds the six
-    // members, so nothing is evicted from it (the documented difference).
+    // fill, evict and tie within a millisecond: with an all set of 14 (more than the six
+    // members) and of 3 (which evicts, from both sets).
     let specs = [
         distinct(5_000, 3),
         spec(Count::Nets, 2_000, 1, Some(0.3)),
+        SignalSpec {
+            cap: 3,
+            ..spec(Count::Nets, 2_000, 1, Some(0.3))
+        },
         switches(3_000, 2),
     ];
     let mut x: u64 = 0x2545_F491_4F6C_DD1D;
