@@ -12,7 +12,7 @@ use super::keys::{
 };
 use super::quota::overridden_max;
 use super::request::CheckRequest;
-use crate::behaviour::state::entity_hash;
+use crate::behaviour::entity_hash;
 use crate::decide::math::signal_cap;
 use crate::decide::{CheckPlan, LimitPlan, ScorePlan, SignalPlan, TrustPlan};
 use crate::rules::{Algorithm, Count, Dimension, RuleSet, Scene, Signal};

@@ -58,7 +58,7 @@ pub fn overridden_max(scene: &Scene, limit: &Limit, ip: Option<IpAddr>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{Algorithm, Behaviour, Layer, Override, StoreErrorPolicy};
+    use crate::rules::{Algorithm, Layer, Override, StoreErrorPolicy};
 
     fn limit(name: &str, dims: &[Dimension], max: u64, trust_bonus: bool) -> Limit {
         Limit {
@@ -82,7 +82,6 @@ mod tests {
             gateway: None,
             limits,
             overrides,
-            behaviour: Behaviour::default(),
             signals: vec![],
             score: None,
         }
