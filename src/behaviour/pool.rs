@@ -77,6 +77,40 @@ fn open_db(dir: &Path) -> Result<sled::Db, sled::Error> {
     }
 }
 
+/// The trees of the per-device, per-user and per-IP state the shards held before signals
+/// replaced it. Nothing reads them any more: a data folder written by an older version
+/// drops them on open rather than keep their bytes for ever.
+const RETIRED_TREES: [&str; 3] = ["device", "user", "ip"];
+
+/// Drops the [`RETIRED_TREES`] `db` holds, naming them in one log line. A tree that cannot
+/// be dropped is left as it is: it costs disk, not correctness, so it does not keep the
+/// service down (the next start tries again).
+fn drop_retired_trees(db: &sled::Db, path: &Path) {
+    let names = db.tree_names();
+    let mut dropped = Vec::new();
+    for tree in RETIRED_TREES {
+        if !names.iter().any(|n| n.as_ref() == tree.as_bytes()) {
+            continue;
+        }
+        match db.drop_tree(tree) {
+            Ok(_) => dropped.push(tree),
+            Err(error) => tracing::warn!(
+                path = %path.display(),
+                tree,
+                %error,
+                "cannot drop a retired behaviour snapshot tree; left as it is"
+            ),
+        }
+    }
+    if !dropped.is_empty() {
+        tracing::info!(
+            path = %path.display(),
+            trees = ?dropped,
+            "dropped retired behaviour snapshot trees (per-device, per-user and per-IP state, replaced by signals)"
+        );
+    }
+}
+
 /// A signal shard that gave no answer within the deadline (or is gone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unanswered {
@@ -345,6 +379,7 @@ impl Behaviours {
             path: path.clone(),
             source,
         })?;
+        drop_retired_trees(&db, &path);
         let tree = db
             .open_tree(DIMENSION)
             .map_err(|source| BehaviourError::Open {

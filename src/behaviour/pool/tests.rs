@@ -762,3 +762,79 @@ fn start_names_the_path_it_cannot_open() {
         .expect_err("a file is no sled directory");
     assert!(err.to_string().contains("not-a-dir"), "{err}");
 }
+
+/// A `tracing` writer into a shared buffer, to read what a test logged.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        lock(&self.0).extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A data folder written before signals replaced the per-device, per-user and per-IP
+/// state: its trees are dropped on open, in one log line, and the signal tree is restored
+/// as always.
+#[tokio::test]
+async fn retired_trees_are_dropped_on_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let signal_key = users_on("d1", "-", MIN, 9).key;
+    {
+        let db = sled::open(dir.path()).expect("sled");
+        for name in RETIRED_TREES {
+            let tree = db.open_tree(name).expect("tree");
+            tree.insert(entity_hash("dev1").to_be_bytes(), &b"\x01Dold"[..])
+                .expect("write");
+        }
+        let mut good = SignalState::new();
+        let spec = SignalSpec::of(&users_on("d1", "X", MIN, 9));
+        good.observe(&spec, member_of(&hex("X")), true, T0);
+        db.open_tree(DIMENSION)
+            .expect("tree")
+            .insert(entity_hash(&signal_key).to_be_bytes(), good.to_bytes())
+            .expect("write");
+        db.flush().expect("flush");
+    }
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_ansi(false)
+        .finish();
+    let f =
+        tracing::subscriber::with_default(subscriber, || Fixture::start(&cfg(2, 1), dir.path()));
+    let logged = String::from_utf8(lock(&logs.0).clone()).expect("utf-8");
+    let lines: Vec<&str> = logged.lines().filter(|l| l.contains("retired")).collect();
+    assert_eq!(lines.len(), 1, "{logged}");
+    assert!(
+        lines[0].contains(r#"["device", "user", "ip"]"#),
+        "names them: {logged}"
+    );
+    let names =
+        |db: &sled::Db| -> Vec<Vec<u8>> { db.tree_names().iter().map(|n| n.to_vec()).collect() };
+    let held = names(&f.b.db().expect("db"));
+    for name in RETIRED_TREES {
+        assert!(!held.contains(&name.as_bytes().to_vec()), "{name} is gone");
+    }
+    assert_eq!(f.b.signal_entities().await, 1, "the signal tree is kept");
+    f.clock.set(T0 + 1);
+    assert_eq!(f.one(users_on("d1", "Y", MIN, 9), true).await.value, 2);
+    f.b.shutdown().await.expect("shutdown");
+    // Gone for good: the next open finds nothing to drop.
+    let db = open_db(dir.path()).expect("sled");
+    let held = names(&db);
+    for name in RETIRED_TREES {
+        assert!(
+            !held.contains(&name.as_bytes().to_vec()),
+            "{name} stays gone"
+        );
+    }
+}
