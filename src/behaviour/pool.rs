@@ -1,11 +1,12 @@
 //! [`Behaviours`]: the handle a check holds to the behaviour actors.
 //!
 //! `cfg.shards` shards, each holding the signal keys whose `entity_hash(plan.key) %
-//! shards` is its index. The shards are spread round-robin over `cfg.threads` OS threads,
+//! shards` is its index. The shards are started round-robin on `cfg.threads` OS threads,
 //! each running its own actix System, so the actors neither need nor disturb the caller's
-//! runtime (actix-web's workers, a test's tokio runtime). They snapshot into the `signal`
-//! tree of one sled db and are restored from it by hash at start, so the shard count may
-//! change between runs.
+//! runtime (actix-web's workers, a test's tokio runtime); `start_local` starts them on the
+//! caller's System instead. They snapshot into the `signal` tree of one sled db and are
+//! restored from it by hash at start, so the shard count may change between runs. The
+//! trees of the retired per-device, per-user and per-IP state are dropped on open.
 //!
 //! # Deadlines and the mailbox bound
 //!
@@ -151,7 +152,7 @@ pub enum BehaviourError {
     Flush { path: PathBuf, source: sled::Error },
     #[error("behaviour shard thread: cannot spawn: {0}")]
     Spawn(std::io::Error),
-    #[error("behaviour shard thread {0} stopped before its shards started")]
+    #[error("behaviour shard thread {0} stopped before it ran")]
     ThreadStart(usize),
     #[error("behaviour shard {shard} gave no snapshot answer ({reason})")]
     Unanswered { shard: usize, reason: &'static str },
@@ -191,8 +192,15 @@ struct Handle {
 }
 
 /// One OS thread running an actix System that hosts some shards.
+///
+/// A System of its own rather than an [`Arbiter`] of the caller's: `Arbiter::new` needs
+/// the calling thread to run an actix System, and `start` is called from plain tokio
+/// runtimes too (tests, benches, tools). Either way it is one thread with one event loop;
+/// the shards are started on it through its arbiter.
 struct ShardThread {
     system: System,
+    /// Where its shards are started.
+    arbiter: ArbiterHandle,
     /// Completes (cancelled) once the thread's System has stopped and its actors, with
     /// their state, are dropped.
     done: oneshot::Receiver<()>,
@@ -200,6 +208,40 @@ struct ShardThread {
 }
 
 impl ShardThread {
+    /// Starts thread `t` and waits until its System runs (with no shard yet).
+    fn spawn(t: usize) -> Result<ShardThread, BehaviourError> {
+        let (running_tx, running_rx) = std::sync::mpsc::channel();
+        let (done_tx, done) = oneshot::channel::<()>();
+        let handle = std::thread::Builder::new()
+            .name(format!("vigia-behaviour-{t}"))
+            .spawn(move || {
+                // Declared first, dropped last: after the System and its actors are gone.
+                let _done = done_tx;
+                let runner = System::new();
+                let system = System::current();
+                let arbiter = system.arbiter().clone();
+                if running_tx.send((system, arbiter)).is_err() {
+                    return; // nobody is waiting for this thread any more
+                }
+                if let Err(error) = runner.run() {
+                    tracing::warn!(thread = t, %error, "behaviour shard thread stopped with an error");
+                }
+            })
+            .map_err(BehaviourError::Spawn)?;
+        match running_rx.recv() {
+            Ok((system, arbiter)) => Ok(ShardThread {
+                system,
+                arbiter,
+                done,
+                handle,
+            }),
+            Err(_) => {
+                let _ = handle.join();
+                Err(BehaviourError::ThreadStart(t))
+            }
+        }
+    }
+
     fn stop_all(threads: &[ShardThread]) {
         for t in threads {
             t.system.stop();
@@ -238,27 +280,6 @@ fn mailbox_of(cfg: &BehaviourConfig) -> usize {
 /// `hash % shards`, the one routing rule (restore and ask must agree).
 fn shard_of(hash: u64, shards: usize) -> usize {
     (hash % shards.max(1) as u64) as usize
-}
-
-/// The shards one thread hosts, by their index.
-type Hosted = Vec<(usize, Shard)>;
-
-/// Their addresses, by their index.
-type Started = Vec<(usize, Addr<Shard>)>;
-
-fn start_all(hosted: Hosted) -> Started {
-    hosted.into_iter().map(|(i, s)| (i, s.start())).collect()
-}
-
-/// Every shard's address in index order, or `None` if some index was not reported.
-fn in_order(shards: usize, started: Vec<Started>) -> Option<Vec<Addr<Shard>>> {
-    let mut slots: Vec<Option<Addr<Shard>>> = vec![None; shards];
-    for (i, addr) in started.into_iter().flatten() {
-        if let Some(slot) = slots.get_mut(i) {
-            *slot = Some(addr);
-        }
-    }
-    slots.into_iter().collect()
 }
 
 /// Reads the signal tree into `shards` shard states. Corrupt entries are skipped (a bad
@@ -309,38 +330,31 @@ impl Behaviours {
     /// Opens (or creates) the sled db at `dir`, restores every snapshotted signal key into
     /// its shard (by hash, so a different shard count than the run that wrote them is
     /// fine), and starts the shard threads. Needs no runtime of the caller's: each thread
-    /// runs its own actix System. Blocks until every shard has started.
+    /// runs its own actix System. Blocks until every thread runs; the shards start on
+    /// them at once (a check sent before a shard has started waits in its mailbox).
     pub fn start(
         cfg: &BehaviourConfig,
         dir: &Path,
         clock: Arc<dyn Clock>,
         metrics: Metrics,
     ) -> Result<Behaviours, BehaviourError> {
-        let shards = cfg.shards.max(1);
+        let (shards, db) = Self::open(cfg, dir, &clock, &metrics)?;
         // A thread beyond one per shard would host nothing.
-        let threads = cfg.threads.clamp(1, shards);
-        let (plan, db) = Self::plan(cfg, dir, threads, &clock, &metrics)?;
-        let mut running: Vec<ShardThread> = Vec::with_capacity(threads);
-        let mut started = Vec::with_capacity(threads);
-        for (t, hosted) in plan.into_iter().enumerate() {
-            match spawn_thread(t, hosted) {
-                Ok((thread, addrs)) => {
-                    running.push(thread);
-                    started.push(addrs);
-                }
+        let count = cfg.threads.clamp(1, shards.len().max(1));
+        let mut threads: Vec<ShardThread> = Vec::with_capacity(count);
+        for t in 0..count {
+            match ShardThread::spawn(t) {
+                Ok(thread) => threads.push(thread),
                 Err(e) => {
-                    ShardThread::stop_all(&running);
+                    ShardThread::stop_all(&threads);
                     return Err(e);
                 }
             }
         }
-        let Some(addrs) = in_order(shards, started) else {
-            // Every index was planned on some thread that reported back; unreachable
-            // unless the plan is wrong, and then refusing to start is the honest answer.
-            ShardThread::stop_all(&running);
-            return Err(BehaviourError::ThreadStart(threads));
-        };
-        Ok(Self::assemble(cfg, dir, metrics, db, addrs, running))
+        let hosts: Vec<ArbiterHandle> = threads.iter().map(|t| t.arbiter.clone()).collect();
+        Ok(Self::assemble(
+            cfg, dir, metrics, db, shards, &hosts, threads,
+        ))
     }
 
     /// The same shards, restored the same way, hosted on the calling thread's actix System
@@ -356,22 +370,26 @@ impl Behaviours {
         if System::try_current().is_none() {
             return Err(BehaviourError::NoSystem);
         }
-        let (plan, db) = Self::plan(cfg, dir, 1, &clock, &metrics)?;
-        let started = plan.into_iter().map(start_all).collect();
-        let Some(addrs) = in_order(cfg.shards.max(1), started) else {
-            return Err(BehaviourError::ThreadStart(0));
-        };
-        Ok(Self::assemble(cfg, dir, metrics, db, addrs, Vec::new()))
+        let (shards, db) = Self::open(cfg, dir, &clock, &metrics)?;
+        let here = [Arbiter::current()];
+        Ok(Self::assemble(
+            cfg,
+            dir,
+            metrics,
+            db,
+            shards,
+            &here,
+            Vec::new(),
+        ))
     }
 
-    /// Opens the db and restores every shard's state, spread over `threads` hosts.
-    fn plan(
+    /// Opens the db and restores every shard, in index order, not started yet.
+    fn open(
         cfg: &BehaviourConfig,
         dir: &Path,
-        threads: usize,
         clock: &Arc<dyn Clock>,
         metrics: &Metrics,
-    ) -> Result<(Vec<Hosted>, sled::Db), BehaviourError> {
+    ) -> Result<(Vec<Shard>, sled::Db), BehaviourError> {
         let path = dir.to_path_buf();
         let shards = cfg.shards.max(1);
         let cap = cfg.max_entities.div_ceil(shards).max(1);
@@ -386,34 +404,35 @@ impl Behaviours {
                 path: path.clone(),
                 source,
             })?;
-        let mut plan: Vec<Hosted> = (0..threads).map(|_| Vec::new()).collect();
-        let restored = restore(&tree, &path, shards, cap, metrics)?;
-        for (i, state) in restored.into_iter().enumerate() {
-            let shard = Shard {
+        let shards = restore(&tree, &path, shards, cap, metrics)?
+            .into_iter()
+            .map(|state| Shard {
                 state,
                 tree: tree.clone(),
                 clock: clock.clone(),
                 mailbox: mailbox_of(cfg),
                 snapshot_every: Duration::from_millis(cfg.snapshot_every_ms.max(1)),
-            };
-            plan[i % threads].push((i, shard));
-        }
-        Ok((plan, db))
+            })
+            .collect();
+        Ok((shards, db))
     }
 
+    /// Starts the shards round-robin on `hosts` and wraps them in the handle.
     fn assemble(
         cfg: &BehaviourConfig,
         dir: &Path,
         metrics: Metrics,
         db: sled::Db,
-        addrs: Vec<Addr<Shard>>,
+        shards: Vec<Shard>,
+        hosts: &[ArbiterHandle],
         threads: Vec<ShardThread>,
     ) -> Behaviours {
         let mailbox = mailbox_of(cfg);
-        let shards = addrs
+        let shards = shards
             .into_iter()
-            .map(|addr| Handle {
-                addr,
+            .zip(hosts.iter().cycle())
+            .map(|(shard, host)| Handle {
+                addr: Shard::start_in_arbiter(host, move |_| shard),
                 permits: Arc::new(Semaphore::new(mailbox)),
             })
             .collect();
@@ -639,42 +658,6 @@ where
         Ok(Ok(answer)) => Ok(answer),
         Ok(Err(MailboxError::Closed)) => Err("mailbox"),
         Ok(Err(MailboxError::Timeout)) | Err(_) => Err("timeout"),
-    }
-}
-
-/// Starts one thread with its own actix System hosting `hosted`, and waits for the
-/// shards' addresses.
-fn spawn_thread(t: usize, hosted: Hosted) -> Result<(ShardThread, Started), BehaviourError> {
-    let (addrs_tx, addrs_rx) = std::sync::mpsc::channel();
-    let (done_tx, done_rx) = oneshot::channel::<()>();
-    let handle = std::thread::Builder::new()
-        .name(format!("vigia-behaviour-{t}"))
-        .spawn(move || {
-            // Declared first, dropped last: after the System and its actors are gone.
-            let _done = done_tx;
-            let runner = System::new();
-            let started = runner.block_on(async move { start_all(hosted) });
-            if addrs_tx.send((System::current(), started)).is_err() {
-                return; // start() gave up on this thread
-            }
-            if let Err(error) = runner.run() {
-                tracing::warn!(thread = t, %error, "behaviour shard thread stopped with an error");
-            }
-        })
-        .map_err(BehaviourError::Spawn)?;
-    match addrs_rx.recv() {
-        Ok((system, started)) => Ok((
-            ShardThread {
-                system,
-                done: done_rx,
-                handle,
-            },
-            started,
-        )),
-        Err(_) => {
-            let _ = handle.join();
-            Err(BehaviourError::ThreadStart(t))
-        }
     }
 }
 
