@@ -316,7 +316,9 @@ impl Handler<Stall> for Shard {
     }
 }
 /// Counts heap bytes per thread, so a test can measure what its own thread allocated
-/// while other tests of the binary run in parallel.
+/// while other tests of the binary run in parallel: the bytes asked for ([`net`]) and,
+/// on glibc, what the allocator really holds for them ([`chunks`]: its rounding and each
+/// chunk's header included).
 #[cfg(test)]
 pub(crate) mod counting_alloc {
     use std::alloc::{GlobalAlloc, Layout, System};
@@ -327,15 +329,41 @@ pub(crate) mod counting_alloc {
     thread_local! {
         // const-initialised and without a destructor: usable from inside the allocator.
         static NET: Cell<isize> = const { Cell::new(0) };
+        static CHUNKS: Cell<isize> = const { Cell::new(0) };
     }
 
-    fn add(bytes: isize) {
+    fn add(bytes: isize, chunk: isize) {
         let _ = NET.try_with(|n| n.set(n.get() + bytes));
+        let _ = CHUNKS.try_with(|n| n.set(n.get() + chunk));
     }
 
-    /// Bytes allocated and not yet freed by this thread.
+    /// Bytes allocated and not yet freed by this thread, as asked for.
     pub fn net() -> isize {
         NET.try_with(Cell::get).unwrap_or(0)
+    }
+
+    /// The same in allocator chunks: what the heap really gives them.
+    pub fn chunks() -> isize {
+        CHUNKS.try_with(Cell::get).unwrap_or(0)
+    }
+
+    /// The chunk glibc holds for the live allocation at `ptr`: its usable size and the
+    /// one-word header before it.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn chunk(ptr: *mut u8, _asked: usize) -> isize {
+        extern "C" {
+            fn malloc_usable_size(ptr: *mut std::ffi::c_void) -> usize;
+        }
+        // SAFETY: `ptr` is a live allocation of the system allocator, which is glibc's
+        // malloc here; the call only reads its chunk header.
+        let usable = unsafe { malloc_usable_size(ptr.cast()) };
+        (usable + size_of::<usize>()) as isize
+    }
+
+    /// Elsewhere the chunk is not known: the size asked for.
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    fn chunk(_ptr: *mut u8, asked: usize) -> isize {
+        asked as isize
     }
 
     // SAFETY: every call is forwarded unchanged to the system allocator; counting has no
@@ -344,7 +372,7 @@ pub(crate) mod counting_alloc {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
             let p = unsafe { System.alloc(layout) };
             if !p.is_null() {
-                add(layout.size() as isize);
+                add(layout.size() as isize, chunk(p, layout.size()));
             }
             p
         }
@@ -352,20 +380,25 @@ pub(crate) mod counting_alloc {
         unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
             let p = unsafe { System.alloc_zeroed(layout) };
             if !p.is_null() {
-                add(layout.size() as isize);
+                add(layout.size() as isize, chunk(p, layout.size()));
             }
             p
         }
 
         unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            let held = chunk(ptr, layout.size());
             unsafe { System.dealloc(ptr, layout) };
-            add(-(layout.size() as isize));
+            add(-(layout.size() as isize), -held);
         }
 
         unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            let held = chunk(ptr, layout.size());
             let p = unsafe { System.realloc(ptr, layout, new_size) };
             if !p.is_null() {
-                add(new_size as isize - layout.size() as isize);
+                add(
+                    new_size as isize - layout.size() as isize,
+                    chunk(p, new_size) - held,
+                );
             }
             p
         }
@@ -619,5 +652,63 @@ mod tests {
             "the snapshot gives the dirty set back"
         );
         assert!(per_clean > 0, "the counting allocator is counting");
+    }
+
+    /// What one signal key costs a shard by its number of members — everything the shard
+    /// allocates for it (the LRU node holding the key and the 56-byte state, its map slot,
+    /// the set's buffer) — against [`SignalState::approx_bytes`], which counts the state
+    /// only. The shard's own part is the same whatever the members, so the two differ by
+    /// a constant. The figures in the `signal` module doc come from here:
+    /// `cargo nextest run --lib bytes_per_signal_key --no-capture`.
+    #[test]
+    fn bytes_per_signal_key_by_members() {
+        const KEYS: usize = 4_096;
+        // A cap no count here reaches: the set grows as it would below any cap.
+        let sp = spec(Count::Users, 24 * 60 * MIN, 2_047);
+        let metrics = Metrics::new();
+        metrics.behaviour_entities(DIMENSION, 0);
+        let mut overheads = Vec::new();
+        println!("members  approx B/key  asked B/key  chunks B/key");
+        for members in [1u64, 2, 3, 4, 5, 8, 16, 64, 256] {
+            let (asked, chunks) = (counting_alloc::net(), counting_alloc::chunks());
+            let mut s = ShardState::new(KEYS, metrics.clone());
+            for k in 0..KEYS as u64 {
+                let key = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                for m in 0..members {
+                    let a = SignalAsk {
+                        key,
+                        member: m,
+                        applies: true,
+                        spec: sp,
+                    };
+                    s.observe_signals(&[a], T0 + m, false);
+                }
+            }
+            drop(s.take_dirty());
+            let per_key = |bytes: isize| bytes as usize / KEYS;
+            let asked = per_key(counting_alloc::net() - asked);
+            let chunks = per_key(counting_alloc::chunks() - chunks);
+            let approx = s
+                .entities
+                .iter()
+                .map(|(_, st)| st.approx_bytes())
+                .sum::<usize>()
+                / KEYS;
+            println!("{members:>7}  {approx:>12}  {asked:>11}  {chunks:>12}");
+            assert_eq!(s.len(), KEYS);
+            // A set of n members has room for the next power of two (one slot to start).
+            let slots = members.next_power_of_two() as usize;
+            assert_eq!(approx, size_of::<SignalState>() + 16 * slots);
+            overheads.push(asked - approx);
+        }
+        assert!(
+            overheads.iter().all(|&o| o == overheads[0]),
+            "the shard's part per key does not depend on the members: {overheads:?}"
+        );
+        assert!(
+            overheads[0] < 80,
+            "{} B per key besides the state",
+            overheads[0]
+        );
     }
 }
