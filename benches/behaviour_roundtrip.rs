@@ -1,31 +1,84 @@
-//! The behaviour actors' round trip as a check sees it: one `Behaviours::observe` asking
-//! the device, user and IP shards concurrently (the coupon_claim scene's four signals),
-//! over pools of 100k users, 100k devices and 10k IPs — the load test's mix.
+//! The behaviour actors' round trip as a check sees it: one `Behaviours::signals` with the
+//! coupon_claim scene's four `[behaviour]` signals (users per device, user switches on the
+//! device, devices per user, users per IP), over pools of 100k users, 100k devices and
+//! 10k IPs — the load test's mix. The four keys hash to up to four shards, asked
+//! concurrently.
 //!
 //! `cargo bench --bench behaviour_roundtrip`. Prints p50/p99/max of the round trip with 1
 //! caller and with 16 concurrent callers (an HTTP server's worth). This is the latency the
-//! behaviour stage adds to a check; the trust read runs beside it, not after it.
+//! signal step adds to an embedded check.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vigia::behaviour::state::StateBounds;
-use vigia::behaviour::{Behaviours, Observation};
-use vigia::clock::SystemClock;
+use vigia::behaviour::{entity_hash, Behaviours};
+use vigia::clock::{Clock, SystemClock};
 use vigia::config::BehaviourConfig;
+use vigia::decide::math::signal_cap;
+use vigia::decide::SignalPlan;
 use vigia::metrics::Metrics;
-use vigia::rules::{Behaviour, SignalRule};
+use vigia::rules::Count;
 
 const PER_CALLER: usize = 20_000;
 
-fn behaviour() -> Behaviour {
-    let rule = |window_ms, max| Some(SignalRule { window_ms, max });
-    Behaviour {
-        accounts_per_device: rule(86_400_000, 3),
-        account_switches: rule(600_000, 2),
-        devices_per_user: rule(86_400_000, 5),
-        accounts_per_ip: rule(3_600_000, 50),
+fn hex(value: &str) -> String {
+    format!("{:016x}", entity_hash(value))
+}
+
+/// One signal of the scene, as the check path plans it: `count` per `per` (its value in
+/// the key), counting `counted`.
+fn plan(
+    name: &str,
+    count: Count,
+    per: &str,
+    counted: &str,
+    window_ms: u64,
+    max: u64,
+) -> SignalPlan {
+    SignalPlan {
+        name: name.into(),
+        key: format!("vg:coupon_claim:sg:{name}:{}", hex(per)),
+        all_key: None,
+        last_key: (count == Count::UserSwitches)
+            .then(|| format!("vg:coupon_claim:sl:{name}:{}", hex(per))),
+        count,
+        member: hex(counted),
+        filter: None,
+        window_ms,
+        max,
+        min_share: None,
+        cap: signal_cap(max, None),
     }
+}
+
+fn plans(user: &str, device: &str, ip: &str) -> Vec<SignalPlan> {
+    vec![
+        plan(
+            "accounts_per_device",
+            Count::Users,
+            device,
+            user,
+            86_400_000,
+            3,
+        ),
+        plan(
+            "account_switches",
+            Count::UserSwitches,
+            device,
+            user,
+            600_000,
+            2,
+        ),
+        plan(
+            "devices_per_user",
+            Count::Devices,
+            user,
+            device,
+            86_400_000,
+            5,
+        ),
+        plan("accounts_per_ip", Count::Users, ip, user, 3_600_000, 50),
+    ]
 }
 
 fn ids(i: u64) -> (String, String, String) {
@@ -38,24 +91,16 @@ fn ids(i: u64) -> (String, String, String) {
 }
 
 async fn caller(b: Behaviours, seed: u64) -> Vec<Duration> {
-    let behaviour = behaviour();
-    let bounds = StateBounds::from_behaviours([&behaviour]);
+    let applies = [true; 4];
     let mut out = Vec::with_capacity(PER_CALLER);
     for i in 0..PER_CALLER as u64 {
         let (user, device, ip) = ids(seed * 1_000_000 + i);
+        let plans = plans(&user, &device, &ip);
+        let now = SystemClock.now_ms();
         let started = Instant::now();
-        let observed = b
-            .observe(Observation {
-                user: Some(&user),
-                device: Some(&device),
-                ip: Some(&ip),
-                behaviour: &behaviour,
-                bounds,
-                dry_run: false,
-            })
-            .await;
+        let answered = b.signals(&plans, &applies, now, false).await;
         out.push(started.elapsed());
-        assert!(observed.unanswered.is_empty() || observed.unanswered.len() <= 3);
+        assert!(answered.is_ok(), "{answered:?}");
     }
     out
 }

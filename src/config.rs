@@ -88,18 +88,19 @@ pub struct AuthConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BehaviourConfig {
-    /// Actor shards per family (device, user, ip, signal); entities are routed by hash.
+    /// Actor shards holding the signal keys; a key is routed by its hash.
     pub shards: usize,
     /// OS threads hosting the shards (each runs its own actix System).
     pub threads: usize,
     /// Bounded mailbox of each shard; a full mailbox makes a check wait at most `deadline_ms`.
     pub mailbox: usize,
-    /// How long a check waits for a shard's answer before going on without that signal, ms.
+    /// How long a check waits for the shards' answers, ms: a check they do not answer in
+    /// time is decided by its scene's `on_store_error`.
     pub deadline_ms: u64,
-    /// Entities kept per family (split evenly over its shards); the least recently seen
-    /// is evicted past it.
+    /// Signal keys kept (split evenly over the shards); the least recently seen is
+    /// evicted past it.
     pub max_entities: usize,
-    /// How often each shard writes changed entities to sled, ms (and always at shutdown).
+    /// How often each shard writes changed keys to sled, ms (and always at shutdown).
     pub snapshot_every_ms: u64,
 }
 

@@ -77,7 +77,7 @@ impl Metrics {
         );
         let behaviour_unanswered = counter(
             "vigia_behaviour_unanswered_total",
-            "Behaviour shard queries that gave no signal in time, by dimension and reason (timeout, mailbox).",
+            "Checks whose signals the behaviour shards did not answer (decided by on_store_error), by dimension (signal) and reason (timeout, mailbox).",
             &["dimension", "reason"],
         );
         let events = counter(
@@ -120,7 +120,7 @@ impl Metrics {
         let behaviour_entities = IntGaugeVec::new(
             Opts::new(
                 "vigia_behaviour_entities",
-                "Entities held by the behaviour actors, by dimension.",
+                "Signal keys held by the behaviour actors, by dimension (signal).",
             ),
             &["dimension"],
         )
@@ -201,7 +201,8 @@ impl Metrics {
             .inc();
     }
 
-    /// Adds `delta` (may be negative) to the entities a dimension's shards hold.
+    /// Adds `delta` (may be negative) to the keys the behaviour shards hold. The
+    /// `dimension` label (always `signal` now) is kept so dashboards keep their series.
     pub fn behaviour_entities(&self, dimension: &str, delta: i64) {
         self.behaviour_entities
             .with_label_values(&[dimension])

@@ -43,21 +43,36 @@
 //! [`SignalState`] is 56 bytes inline: the window (8) and a 48-byte enum of the three
 //! shapes (two `Vec`s for the widest; the others fit beside the `Vec` capacity niche that
 //! holds the tag). A member is 16 bytes (hash, ms), a switch time 8. `Vec`s start at one
-//! slot and double up to the cap, as in `state`; a trim that leaves a set at most half
-//! full gives the memory back.
+//! slot, not `Vec`'s four (most sets hold one member), and double up to the cap; a trim
+//! that leaves a set at most half full gives the memory back.
+//!
+//! # Memory per key
+//!
+//! In a shard, one key costs **~130 B with one member, + 16 B per further member slot**:
+//! an 80-byte LRU node (the key's hash, this state, two links), ~35 B of the LRU's map
+//! slot, and the set's buffer of 16 B per slot. Slots double (1, 2, 4, …), so `n`
+//! members take 16–32 B each, and never more than `cap` slots: `max + 1`, or with
+//! `min_share` `2 × (max + 1) / min_share` in each of its two sets (so a farm's device or
+//! a campus network costs its cap, not one entry per user ever seen). A `user_switches`
+//! key holds 8-byte switch times instead of members. glibc's rounding and chunk headers
+//! add ~32 B per key (~160 B with one member), and a key changed since the last snapshot
+//! ~20 B more in the dirty set until it is written. [`SignalState::approx_bytes`] counts
+//! the state and its buffers (72 B with one member); the shard's part is a constant
+//! ~58 B beside it. Measured with a counting allocator by
+//! `shard::tests::bytes_per_signal_key_by_members` (4 096 keys per shard; a million keys
+//! over 16 shards measure the same per key).
 //!
 //! # Snapshots
 //!
 //! [`SignalState::to_bytes`] / [`SignalState::from_bytes`]: big-endian, headed by
-//! [`FORMAT_VERSION`] (2; `state`'s legacy entities are 1) and a shape byte, decoded
-//! strictly: lengths are checked against [`math::MAX_CAP`] and the bytes present before
-//! anything is allocated, and the sort and uniqueness invariants are verified.
+//! [`FORMAT_VERSION`] (2; 1 was the removed per-device, per-user and per-IP state) and a
+//! shape byte, decoded strictly: lengths are checked against [`math::MAX_CAP`] and the
+//! bytes present before anything is allocated, and the sort and uniqueness invariants are
+//! verified.
 
 use std::mem::size_of;
 
-use super::state::{
-    entity_hash, first_in_window, in_window, reserve_one, shrink_after_trim, DecodeError, Reader,
-};
+use super::entity_hash;
 use crate::decide::{math, SignalPlan, SignalValue};
 use crate::rules::Count;
 
@@ -202,6 +217,37 @@ fn applying(spec: &SignalSpec, value: u64, all: Option<u64>) -> SignalValue {
         value,
         share,
         fired: math::fires(true, value, spec.max, share, spec.min_share),
+    }
+}
+
+/// Is `at` inside `(now - window, ..]`? Written without underflow: while `now < window`
+/// every time counts.
+fn in_window(at: u64, now: u64, window: u64) -> bool {
+    match now.checked_sub(window) {
+        Some(lower) => at > lower,
+        None => true,
+    }
+}
+
+/// Index of the first of the ascending-by-time `items` inside the window: everything
+/// before it is out, everything from it on is in.
+fn first_in_window<T>(items: &[T], at: impl Fn(&T) -> u64, now: u64, window: u64) -> usize {
+    items.partition_point(|x| !in_window(at(x), now, window))
+}
+
+/// Grows `v` by one slot when full: doubling, but never past `cap` and never starting at
+/// four slots (`Vec`'s default for small types), because most sets hold one member.
+fn reserve_one<T>(v: &mut Vec<T>, cap: usize) {
+    if v.len() == v.capacity() {
+        let extra = v.len().max(1).min(cap.saturating_sub(v.len()).max(1));
+        v.reserve_exact(extra);
+    }
+}
+
+/// Gives memory back after a trim left a set mostly empty.
+fn shrink_after_trim<T>(v: &mut Vec<T>) {
+    if v.len() <= v.capacity() / 2 {
+        v.shrink_to_fit();
     }
 }
 
@@ -595,6 +641,66 @@ impl SignalState {
         };
         r.finish()?;
         Ok(SignalState { window_ms, sets })
+    }
+}
+
+/// Why a snapshot failed to decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("snapshot is truncated")]
+    Truncated,
+    #[error("snapshot has {0} unexpected trailing bytes")]
+    TrailingBytes(usize),
+    #[error("unknown snapshot format version {0}")]
+    UnknownVersion(u8),
+    #[error("corrupt snapshot: {0}")]
+    Corrupt(&'static str),
+}
+
+/// A cursor over snapshot bytes; every read checks the length.
+struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Reader { rest: bytes }
+    }
+
+    fn need(&self, n: usize) -> Result<(), DecodeError> {
+        if self.rest.len() < n {
+            Err(DecodeError::Truncated)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let (head, rest) = self
+            .rest
+            .split_first_chunk::<N>()
+            .ok_or(DecodeError::Truncated)?;
+        self.rest = rest;
+        Ok(*head)
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take::<1>()?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_be_bytes(self.take()?))
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_be_bytes(self.take()?))
+    }
+
+    fn finish(self) -> Result<(), DecodeError> {
+        match self.rest.len() {
+            0 => Ok(()),
+            n => Err(DecodeError::TrailingBytes(n)),
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 
 use super::quota::overridden_max;
 use super::request::CheckRequest;
-use crate::behaviour::state::entity_hash;
+use crate::behaviour::entity_hash;
 use crate::decide::math::signal_cap;
 use crate::decide::{CheckPlan, LimitPlan, ScorePlan, SignalPlan, TrustPlan};
 use crate::keys::{

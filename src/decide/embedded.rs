@@ -205,3 +205,68 @@ impl Decider for EmbeddedDecider {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::config::BehaviourConfig;
+    use crate::decide::SignalPlan;
+    use crate::metrics::Metrics;
+    use crate::rules::Count;
+
+    fn plan(request_id: &str) -> CheckPlan {
+        CheckPlan {
+            record_key: format!("vg:s:req:{request_id}"),
+            idempotency_key: None,
+            request_id: request_id.into(),
+            record_ttl_ms: 60_000,
+            dry_run: false,
+            trust: None,
+            signals: vec![SignalPlan {
+                name: "users_per_device".into(),
+                key: "vg:s:sg:users_per_device:d1".into(),
+                all_key: None,
+                last_key: None,
+                count: Count::Users,
+                member: format!("{:016x}", 7),
+                filter: None,
+                window_ms: 60_000,
+                max: 3,
+                min_share: None,
+                cap: math::signal_cap(3, None),
+            }],
+            score: None,
+            limits: Vec::new(),
+        }
+    }
+
+    /// A signal shard that does not answer within the deadline fails the decision as a
+    /// store that does not answer would (the checker then applies the scene's
+    /// `on_store_error`): the decider never goes on without its signals.
+    #[tokio::test]
+    async fn an_unanswered_signal_shard_is_a_store_error_not_an_allow() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let cfg = BehaviourConfig {
+            shards: 1,
+            threads: 1,
+            // Long enough for a loaded debug build's warm-up to be answered.
+            deadline_ms: 500,
+            ..BehaviourConfig::default()
+        };
+        let behaviours =
+            Behaviours::start(&cfg, dir.path(), clock.clone(), Metrics::new()).expect("start");
+        let windows = EmbeddedStore::in_memory(clock.clone());
+        let decider = EmbeddedDecider::new(windows, behaviours.clone(), None, clock);
+        let answered = decider.decide(&plan("r1")).await.expect("answered");
+        assert!(matches!(answered, Decided::Judged(_)), "{answered:?}");
+        behaviours.stall(Duration::from_secs(5));
+        let started = Instant::now();
+        let got = decider.decide(&plan("r2")).await;
+        assert!(matches!(got, Err(StoreError::Unavailable(_))), "{got:?}");
+        assert!(started.elapsed() < Duration::from_secs(3), "one deadline");
+    }
+}

@@ -345,7 +345,9 @@ pub struct SignalRule {
     pub max: u64,
 }
 
-/// `[scene.X.behaviour]`; every field optional.
+/// `[scene.X.behaviour]`; every field optional. Only the rules compiler reads it: each
+/// shorthand becomes a [`Signal`] of the scene (`Scene::signals`), which is all a check
+/// uses.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Behaviour {
     pub accounts_per_device: Option<SignalRule>,
@@ -374,7 +376,6 @@ pub struct Scene {
     pub gateway: Option<Gateway>,
     pub limits: Vec<Limit>,
     pub overrides: Vec<Override>,
-    pub behaviour: Behaviour,
     /// Every signal: the `[behaviour]` shorthands first (in their fixed order), then
     /// `[[signals]]` in file order.
     pub signals: Vec<Signal>,

@@ -225,6 +225,23 @@ pub struct DebugSleep {
     thread: Option<JoinHandle<Instant>>,
 }
 
+/// Blocks until a `PING` on a fresh connection to `port` goes unanswered for 20 ms (the
+/// server is busy); its late reply is dropped with the connection.
+fn wait_until_asleep(port: u16) {
+    loop {
+        let probe = TcpStream::connect(("127.0.0.1", port)).expect("probe connection");
+        probe
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .expect("probe read timeout");
+        (&probe).write_all(b"PING\r\n").expect("send PING");
+        let mut line = String::new();
+        match BufReader::new(&probe).read_line(&mut line) {
+            Ok(_) => continue, // answered: not asleep yet
+            Err(_) => return,
+        }
+    }
+}
+
 impl DebugSleep {
     fn start(port: u16, chunk: Duration) -> DebugSleep {
         let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("side connection");
@@ -236,11 +253,14 @@ impl DebugSleep {
         );
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
+        // Start of the sleep Redis is running now.
+        let mut current = Instant::now();
+        stream.write_all(cmd.as_bytes()).expect("send DEBUG SLEEP");
+        // Return only once Redis is asleep: a request sent before it read the command
+        // would be served normally, and the caller's load would see no fault.
+        wait_until_asleep(port);
         let thread = std::thread::spawn(move || {
-            stream.write_all(cmd.as_bytes()).expect("send DEBUG SLEEP");
             let mut sent = 1;
-            // Start of the sleep Redis is running now.
-            let mut current = Instant::now();
             'queue: loop {
                 // Halfway through the current sleep, queue the next one.
                 while Instant::now() < current + chunk / 2 {

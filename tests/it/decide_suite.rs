@@ -23,8 +23,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use vigia::behaviour::entity_hash;
 use vigia::behaviour::signal::SignalState;
-use vigia::behaviour::state::entity_hash;
 use vigia::behaviour::Behaviours;
 use vigia::clock::{Clock, ManualClock};
 use vigia::config::BehaviourConfig;

@@ -535,11 +535,10 @@ fn snapshots_refuse_truncated_long_and_foreign_bytes() {
             Err(DecodeError::Corrupt(_))
         ));
     }
-    // A legacy device record is refused by its version.
-    let bounds = crate::behaviour::state::StateBounds::from_behaviours(std::iter::empty());
-    let legacy = crate::behaviour::state::DeviceState::new(&bounds).to_bytes();
+    // A record of the removed per-device state (version 1, kind `D`) is refused by its
+    // version.
     assert_eq!(
-        SignalState::from_bytes(&legacy),
+        SignalState::from_bytes(&[1, b'D', 0, 0, 0, 0]),
         Err(DecodeError::UnknownVersion(1))
     );
 }

@@ -67,6 +67,8 @@ pub fn compile_scene(d: &mut Diag, raw: &RawScene, facts: &SetFacts) -> Option<S
         .map(|s| compile_score(d, &path, raw, s, facts.new_account));
 
     let head = head?;
+    // The shorthands live on as `signals`; one that did not compile fails the scene.
+    behaviour?;
     let limits = limits.into_iter().collect::<Option<Vec<_>>>()?;
     if !name_ok || !raw.complete {
         return None;
@@ -79,7 +81,6 @@ pub fn compile_scene(d: &mut Diag, raw: &RawScene, facts: &SetFacts) -> Option<S
         gateway: head.gateway?,
         limits,
         overrides: overrides?,
-        behaviour: behaviour?,
         signals: signals?,
         score: score.map_or(Some(None), |s| s.map(Some))?,
     })

@@ -130,7 +130,8 @@ fn shipped_coupon_claim_follows_the_seed() {
         (c.overrides[0].limit.as_str(), c.overrides[0].max),
         ("ip_1m", 600)
     );
-    assert!(c.behaviour.accounts_per_device.is_some() && c.behaviour.accounts_per_ip.is_some());
+    let signals: Vec<&str> = c.signals.iter().map(|s| s.name.as_str()).collect();
+    assert!(signals.contains(&"accounts_per_device") && signals.contains(&"accounts_per_ip"));
     assert_eq!(c.score.as_ref().map(|s| s.silent_deny_at), Some(0.7));
 }
 

@@ -1,7 +1,7 @@
 //! `[behaviour]` and `[score]`.
 
 use super::support::*;
-use crate::rules::SignalRule;
+use crate::rules::{Count, Dimension, Signal};
 
 const BEHAVIOUR: &str = r#"
 [scene.s.behaviour]
@@ -36,22 +36,24 @@ fn breaks_signals(from: &str, to: &str, field: &str, says: &[&str]) {
 fn behaviour_and_score_compile() {
     let rules = ok(&with_signals("", ""));
     let scene = rules.scene("s").expect("scene s");
+    // The shorthands are compiled into the scene's signals, in their fixed order.
+    let shorthand = |name: &str, count, window_ms, max| Signal {
+        name: name.into(),
+        count,
+        per: vec![Dimension::Device],
+        filter: None,
+        window_ms,
+        max,
+        min_share: None,
+    };
     assert_eq!(
-        scene.behaviour.accounts_per_device,
-        Some(SignalRule {
-            window_ms: 86_400_000,
-            max: 3
-        })
+        scene.signals,
+        [
+            shorthand("accounts_per_device", Count::Users, 86_400_000, 3),
+            // account_switches may be 0 (any switch counts).
+            shorthand("account_switches", Count::UserSwitches, 600_000, 0),
+        ]
     );
-    assert_eq!(
-        scene.behaviour.account_switches,
-        Some(SignalRule {
-            window_ms: 600_000,
-            max: 0
-        }),
-        "account_switches may be 0"
-    );
-    assert_eq!(scene.behaviour.devices_per_user, None);
     let score = scene.score.as_ref().expect("score");
     assert_eq!(score.weights.get("accounts_per_device"), Some(&0.6));
     assert_eq!(score.silent_deny_at, 0.7);
