@@ -13,6 +13,7 @@ pub struct Metrics {
     registry: Registry,
     decisions: IntCounterVec,
     blocks: IntCounterVec,
+    signals_fired: IntCounterVec,
     check_latency: HistogramVec,
     store_errors: IntCounterVec,
     degraded: IntCounterVec,
@@ -59,6 +60,11 @@ impl Metrics {
             "vigia_blocks_total",
             "Limits exceeded, by scene, limit and dimension.",
             &["scene", "limit", "dimension"],
+        );
+        let signals_fired = counter(
+            "vigia_signals_fired_total",
+            "Checks on which a signal fired (past its max and its min_share), by scene and signal; new_account counts a young user.",
+            &["scene", "signal"],
         );
         let store_errors = counter(
             "vigia_store_errors_total",
@@ -149,6 +155,7 @@ impl Metrics {
             trust_errors,
             decisions,
             blocks,
+            signals_fired,
             check_latency,
             store_errors,
             degraded,
@@ -168,6 +175,11 @@ impl Metrics {
         self.blocks
             .with_label_values(&[scene, limit, dimension])
             .inc();
+    }
+
+    /// `signal` fired on one check of `scene`.
+    pub fn signal_fired(&self, scene: &str, signal: &str) {
+        self.signals_fired.with_label_values(&[scene, signal]).inc();
     }
 
     pub fn check_latency(&self, scene: &str, seconds: f64) {

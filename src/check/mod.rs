@@ -163,6 +163,9 @@ impl Checker {
                 m.block(&scene.name, &limit.name, &dimension_label(limit));
             }
         }
+        for s in resp.signals.iter().filter(|s| s.fired) {
+            m.signal_fired(&scene.name, &s.name);
+        }
         m.check_latency(&scene.name, started.elapsed().as_secs_f64());
     }
 }

@@ -127,6 +127,11 @@ on_both_stores! {
             metrics.contains(r#"vigia_decisions_total{decision="silent_deny",layer="security",reason="score",scene="c"} 5"#),
             "{metrics}"
         );
+        // The five farm checks past the max, and nothing fired for the honest user.
+        assert!(
+            metrics.contains(r#"vigia_signals_fired_total{scene="c",signal="accounts_per_device"} 5"#),
+            "{metrics}"
+        );
     }
 
     async fn rapid_account_switching_on_one_device_is_silently_denied(backend) {
