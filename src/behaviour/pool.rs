@@ -685,16 +685,20 @@ where
     }
 }
 
-#[cfg(test)]
 impl Behaviours {
-    /// Blocks the thread of every shard for `d`, without waiting.
-    pub(crate) fn stall(&self, d: Duration) {
+    /// Fault injection, for tests and drills: blocks the thread of every shard for `d`,
+    /// without waiting. Checks meanwhile miss their deadline and are decided by their
+    /// scene's `on_store_error`, as with a store that does not answer.
+    pub fn stall(&self, d: Duration) {
         use super::shard::Stall;
         for s in &self.inner.shards {
             let _ = s.addr.clone().try_send(Stall(d));
         }
     }
+}
 
+#[cfg(test)]
+impl Behaviours {
     /// Check messages queued in the shards (permits taken).
     pub(crate) fn messages_queued(&self) -> usize {
         (self.inner.shards.iter())

@@ -237,8 +237,7 @@ pub(crate) struct Snapshot;
 #[rtype(result = "usize")]
 pub(crate) struct Count;
 
-/// Blocks the shard's thread, to test what a stalled shard costs a check.
-#[cfg(test)]
+/// Blocks the shard's thread (fault injection: [`super::Behaviours::stall`]).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub(crate) struct Stall(pub Duration);
@@ -307,7 +306,6 @@ impl Handler<Count> for Shard {
     }
 }
 
-#[cfg(test)]
 impl Handler<Stall> for Shard {
     type Result = ();
 

@@ -21,6 +21,8 @@ pub struct TestApp {
     pub handle: actix_web::dev::ServerHandle,
     /// The service's own state, for what HTTP does not show (the events backlog).
     pub state: actix_web::web::Data<vigia::http::AppState>,
+    /// The behaviour actors (to stall them).
+    pub behaviours: vigia::behaviour::Behaviours,
 }
 
 impl TestApp {
@@ -113,8 +115,8 @@ pub async fn spawn_app_on_clock(
     config.store.redis_url = redis.url();
     config.store.timeout_ms = 200;
     // Signals must arrive for the scoring tests to mean anything: a debug build on two
-    // shared cores can miss a few-ms deadline. The degrade-to-no-signal path is tested
-    // with a stalled shard and a short deadline in the behaviour module itself.
+    // shared cores can miss a few-ms deadline (a missed one is the scene's policy, tested
+    // with stalled shards in signals_shared).
     config.behaviour.deadline_ms = 1_000;
     config.behaviour.shards = 4;
     configure(&mut config);
@@ -123,6 +125,7 @@ pub async fn spawn_app_on_clock(
         .unwrap_or_else(|e| panic!("vigia starts: {e}"));
     let handle = running.handle.clone();
     let state = running.state.clone();
+    let behaviours = running.behaviours.clone();
     actix_web::rt::spawn(running.server);
     TestApp {
         base: format!("http://{}", running.addr),
@@ -132,6 +135,7 @@ pub async fn spawn_app_on_clock(
         data_dir,
         handle,
         state,
+        behaviours,
     }
 }
 

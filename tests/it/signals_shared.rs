@@ -266,3 +266,36 @@ async fn a_stalled_redis_is_the_scene_policy_and_a_metric_then_signals_again() {
     // "b" was never recorded: the phone has seen a and c.
     assert_eq!(signal_value(&b, "accounts_per_device"), Some(2), "{b}");
 }
+
+/// The embedded store's behaviour actors stalled: a check that needs its signals is the
+/// scene's policy, counted as a store error, an unanswered shard and a degraded decision;
+/// once the shards are back, checks carry their signals again.
+#[actix_web::test]
+async fn a_stalled_actor_is_the_scene_policy_and_a_metric_then_signals_again() {
+    let app = spawn_app_configured(RedisServer::start(), &[("c.toml", &rules())], |c| {
+        c.store.backend = StoreBackend::Embedded;
+        // Far shorter than the stall below, long enough for a loaded debug build.
+        c.behaviour.deadline_ms = 200;
+    })
+    .await;
+    let (_, b) = app.check(claim("a", 400, "phone-0001", "192.0.2.5")).await;
+    assert_eq!(b["decision"], "allow", "{b}");
+    app.behaviours.stall(std::time::Duration::from_secs(2));
+    let (status, b) = app.check(claim("b", 400, "phone-0001", "192.0.2.5")).await;
+    assert_eq!(status, 503, "{b}");
+    assert_eq!(b["degraded"], true, "{b}");
+    assert_eq!(b["reason"], "store_unavailable", "{b}");
+    for series in [
+        r#"vigia_degraded_decisions_total{policy="fail_close",scene="c"}"#,
+        r#"vigia_behaviour_unanswered_total{dimension="signal",reason="timeout"}"#,
+        r#"vigia_store_errors_total{kind="unavailable",store="embedded"}"#,
+    ] {
+        assert_eq!(metric(&app, series).await, 1, "{series}");
+    }
+    // A control message queues behind the stall: once it is answered, the shards are back.
+    app.behaviours.signal_entities().await;
+    let (status, b) = app.check(claim("c", 400, "phone-0001", "192.0.2.5")).await;
+    assert_eq!(status, 200, "{b}");
+    // "b" was never recorded: the phone has seen a and c.
+    assert_eq!(signal_value(&b, "accounts_per_device"), Some(2), "{b}");
+}
