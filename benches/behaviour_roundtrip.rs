@@ -11,13 +11,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vigia::behaviour::{entity_hash, Behaviours};
+use vigia::behaviour::Behaviours;
 use vigia::clock::{Clock, SystemClock};
 use vigia::config::BehaviourConfig;
-use vigia::decide::math::signal_cap;
 use vigia::decide::SignalPlan;
 use vigia::metrics::Metrics;
 use vigia::rules::Count;
+use vigia::signal::entity_hash;
+use vigia::signal::signal_cap;
 
 const PER_CALLER: usize = 20_000;
 

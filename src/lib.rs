@@ -11,7 +11,9 @@
 //! Imports go down, never back to a caller: `keys` (every store key's name) and `input`
 //! (the validation error and the field readers) sit below `check`, `refund`, `trust` and
 //! `decide`, so `check` and `trust` never import each other and `decide` never imports
-//! `check`.
+//! `check`. Likewise `signal` (a signal's plan, answer, arithmetic and hashing) sits below
+//! `check`, `decide` and `behaviour`: the embedded decider calls the behaviour actors, and
+//! the actors share the signal's definition without importing the decider.
 
 pub mod app;
 pub mod behaviour;
@@ -27,6 +29,7 @@ pub mod metrics;
 pub mod record;
 pub mod refund;
 pub mod rules;
+pub mod signal;
 pub mod simulate;
 pub mod store;
 pub mod sweep;

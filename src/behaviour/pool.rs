@@ -37,13 +37,14 @@ use futures::channel::oneshot;
 use futures::future::join_all;
 use tokio::sync::Semaphore;
 
-use super::entity_hash;
 use super::shard::{Count, ObserveSignals, Shard, ShardState, SignalAsk, Snapshot, DIMENSION};
-use super::signal::{member_of, SignalSpec, SignalState};
+use super::signal::{SignalSpec, SignalState};
 use crate::clock::Clock;
 use crate::config::BehaviourConfig;
-use crate::decide::{SignalPlan, SignalValue};
 use crate::metrics::Metrics;
+use crate::signal::entity_hash;
+use crate::signal::member_of;
+use crate::signal::{SignalPlan, SignalValue};
 
 /// sled's default page cache is 1 GiB; the state lives in the shards' memory already.
 const SLED_CACHE_BYTES: u64 = 16 * 1024 * 1024;

@@ -16,8 +16,8 @@ use lru::LruCache;
 
 use super::signal::{SignalSpec, SignalState};
 use crate::clock::Clock;
-use crate::decide::SignalValue;
 use crate::metrics::Metrics;
+use crate::signal::SignalValue;
 
 /// How often a shard trims every key and drops the empty ones. Access trims the keys that
 /// are seen; the sweep is for the ones that are not seen again.
@@ -409,10 +409,10 @@ pub(crate) mod counting_alloc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::behaviour::entity_hash;
-    use crate::behaviour::signal::member_of;
-    use crate::decide::math;
     use crate::rules::Count;
+    use crate::signal::entity_hash;
+    use crate::signal::member_of;
+    use crate::signal::signal_cap;
 
     const MIN: u64 = 60_000;
     const T0: u64 = 1_700_000_000_000;
@@ -433,7 +433,7 @@ mod tests {
             window_ms,
             max,
             min_share: None,
-            cap: math::signal_cap(max, None) as u32,
+            cap: signal_cap(max, None) as u32,
         }
     }
 

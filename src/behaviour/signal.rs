@@ -66,15 +66,14 @@
 //!
 //! [`SignalState::to_bytes`] / [`SignalState::from_bytes`]: big-endian, headed by
 //! [`FORMAT_VERSION`] (2; 1 was the removed per-device, per-user and per-IP state) and a
-//! shape byte, decoded strictly: lengths are checked against [`math::MAX_CAP`] and the
+//! shape byte, decoded strictly: lengths are checked against [`MAX_CAP`] and the
 //! bytes present before anything is allocated, and the sort and uniqueness invariants are
 //! verified.
 
 use std::mem::size_of;
 
-use super::entity_hash;
-use crate::decide::{math, SignalPlan, SignalValue};
 use crate::rules::Count;
+use crate::signal::{fires, share, SignalPlan, SignalValue, MAX_CAP};
 
 /// The snapshot format version of a signal state, its first byte.
 pub const FORMAT_VERSION: u8 = 2;
@@ -94,12 +93,12 @@ pub struct SignalSpec {
     pub window_ms: u64,
     pub max: u64,
     pub min_share: Option<f64>,
-    /// The most members (or switch times) a set keeps, in `1..=math::MAX_CAP`.
+    /// The most members (or switch times) a set keeps, in `1..=MAX_CAP`.
     pub cap: u32,
 }
 
 impl SignalSpec {
-    /// The spec of one plan. The cap is clamped to `1..=MAX_CAP` ([`math::signal_cap`]
+    /// The spec of one plan. The cap is clamped to `1..=MAX_CAP` ([`signal_cap`]
     /// never leaves that range; the clamp bounds memory and snapshot decoding whatever a
     /// plan says).
     pub fn of(plan: &SignalPlan) -> Self {
@@ -111,26 +110,12 @@ impl SignalSpec {
             max: plan.max,
             min_share: plan.min_share,
             // MAX_CAP (10 000) fits a u32.
-            cap: plan.cap.clamp(1, math::MAX_CAP) as u32,
+            cap: plan.cap.clamp(1, MAX_CAP) as u32,
         }
     }
 
     fn cap(&self) -> usize {
         self.cap as usize
-    }
-}
-
-/// The `u64` a plan's member stands for: 16 lowercase hex digits are parsed (they are a
-/// hash already, and parsing keeps the ZSET's tie order, see the module doc); anything
-/// else, such as the request id counted by `requests`, is hashed with [`entity_hash`].
-pub fn member_of(member: &str) -> u64 {
-    let canonical = member.len() == 16
-        && member
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-    match canonical.then(|| u64::from_str_radix(member, 16)) {
-        Some(Ok(hash)) => hash,
-        _ => entity_hash(member),
     }
 }
 
@@ -211,12 +196,12 @@ fn not_applying() -> SignalValue {
 /// The answer of an applying signal: its share (with `min_share`, over `all`; 0 of
 /// nothing without an all set) and whether it fires.
 fn applying(spec: &SignalSpec, value: u64, all: Option<u64>) -> SignalValue {
-    let share = spec.min_share.map(|_| math::share(value, all.unwrap_or(0)));
+    let share = spec.min_share.map(|_| share(value, all.unwrap_or(0)));
     SignalValue {
         applies: true,
         value,
         share,
-        fired: math::fires(true, value, spec.max, share, spec.min_share),
+        fired: fires(true, value, spec.max, share, spec.min_share),
     }
 }
 
@@ -406,7 +391,7 @@ impl SignalState {
     ///   in the all set, the least recently seen beyond the cap leave it *and* the
     ///   signal's set. Then, applying: the same count, record and eviction on the
     ///   signal's set, and with `min_share` share = value / all (rounded like the score).
-    /// - fired: [`math::fires`].
+    /// - fired: [`fires`].
     ///
     /// A state of another shape than the spec's (the rule changed) starts afresh, except
     /// that an all set appears beside, or outlives, the signal's set (as the Redis keys
@@ -712,11 +697,11 @@ fn encode_set(set: &[Entry], out: &mut Vec<u8>) {
     }
 }
 
-/// A length no set can reach (see [`math::MAX_CAP`]) is corrupt, and the bytes must be
+/// A length no set can reach (see [`MAX_CAP`]) is corrupt, and the bytes must be
 /// there before anything is allocated for them.
 fn decode_len(r: &mut Reader<'_>, entry_bytes: usize) -> Result<usize, DecodeError> {
     let len = r.u32()? as usize;
-    if len as u64 > math::MAX_CAP {
+    if len as u64 > MAX_CAP {
         return Err(DecodeError::Corrupt("set larger than any cap"));
     }
     r.need(len.saturating_mul(entry_bytes))?;

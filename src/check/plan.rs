@@ -9,14 +9,14 @@ use std::net::IpAddr;
 
 use super::quota::overridden_max;
 use super::request::CheckRequest;
-use crate::behaviour::entity_hash;
-use crate::decide::math::signal_cap;
 use crate::decide::{CheckPlan, LimitPlan, ScorePlan, SignalPlan, TrustPlan};
 use crate::keys::{
     device_seen_key, trust_points_key, user_seen_key, DimensionValues, KeySpace, SignalKey,
     SEEN_RETENTION_MS,
 };
 use crate::rules::{Algorithm, Count, Dimension, RuleSet, Scene, Signal};
+use crate::signal::entity_hash;
+use crate::signal::signal_cap;
 
 /// The name of the new-account weight in `[scene.X.score].weights`.
 pub const NEW_ACCOUNT: &str = "new_account";

@@ -236,7 +236,7 @@ mod tests {
                 window_ms: 60_000,
                 max: 3,
                 min_share: None,
-                cap: math::signal_cap(3, None),
+                cap: crate::signal::signal_cap(3, None),
             }],
             score: None,
             limits: Vec::new(),

@@ -1,17 +1,12 @@
 //! The arithmetic of a decision, shared by both deciders: the embedded one calls these
 //! functions, and `lua/decide.lua` mirrors them step for step (the behaviour suite, run on
-//! both, holds them to the same answers). Pure functions of their arguments.
+//! both, holds them to the same answers). Pure functions of their arguments. A signal's
+//! own arithmetic (its cap, share and firing) is [`crate::signal`]'s, shared with the
+//! behaviour actors.
 
 use super::{Facts, LimitPlan, ScorePlan, SignalValue, TrustPlan};
 use crate::rules::Filter;
-
-/// Scores are compared after rounding to this many decimal places, so weights written as
-/// decimals add up as they read (0.6 + 0.1 reaches a threshold of 0.7).
-pub const SCORE_DECIMALS: f64 = 1e9;
-
-/// The most members any signal set keeps, whatever its max and share ask: memory per
-/// entity stays bounded even for an absurd rule.
-pub const MAX_CAP: u64 = 10_000;
+use crate::signal::round;
 
 /// Was something born at `born_ms` younger than `younger_than_ms` at `now_ms`?
 pub fn is_young(born_ms: u64, now_ms: u64, younger_than_ms: u64) -> bool {
@@ -25,55 +20,6 @@ pub fn passes(filter: Filter, facts: &Facts) -> bool {
         Filter::NewDevice => facts.new_device == Some(true),
         Filter::Untrusted => facts.points == 0,
     }
-}
-
-/// How many members a signal's set keeps. A value only has to be exact up to `max + 1`
-/// (past it, the signal fires whatever the true count). With `min_share`, the share is
-/// taken over the most recently seen members of both sets, so enough of them are kept
-/// that a share at the line can still exceed `max`: twice `(max + 1) / min_share`.
-pub fn signal_cap(max: u64, min_share: Option<f64>) -> u64 {
-    let plain = max.saturating_add(1);
-    let cap = match min_share {
-        Some(share) if share > 0.0 => {
-            let wanted = (2.0 * plain as f64 / share).ceil();
-            if wanted >= MAX_CAP as f64 {
-                MAX_CAP
-            } else {
-                (wanted as u64).max(plain)
-            }
-        }
-        _ => plain,
-    };
-    cap.clamp(1, MAX_CAP)
-}
-
-/// Whether a signal fires: it applies, its value exceeds `max`, and (with `min_share`)
-/// the matching ones are at least that share of all.
-pub fn fires(
-    applies: bool,
-    value: u64,
-    max: u64,
-    share: Option<f64>,
-    min_share: Option<f64>,
-) -> bool {
-    applies
-        && value > max
-        && match min_share {
-            Some(min) => share.is_some_and(|s| s >= min),
-            None => true,
-        }
-}
-
-/// The share of `matching` in `all`, rounded to 1e-9 like the score (0 of nothing).
-pub fn share(matching: u64, all: u64) -> f64 {
-    if all == 0 {
-        return 0.0;
-    }
-    round(matching as f64 / all as f64)
-}
-
-fn round(x: f64) -> f64 {
-    (x * SCORE_DECIMALS).round() / SCORE_DECIMALS
 }
 
 /// The score, and whether it denies: fired signals' weights in plan order, then
@@ -200,27 +146,6 @@ mod tests {
         assert!(passes(Filter::NewAccount, &f));
         assert!(!passes(Filter::NewDevice, &f));
         assert!(!passes(Filter::Untrusted, &f));
-    }
-
-    #[test]
-    fn caps_keep_verdicts_exact_and_stay_bounded() {
-        assert_eq!(signal_cap(3, None), 4);
-        assert_eq!(signal_cap(0, None), 1);
-        assert_eq!(signal_cap(5, Some(0.5)), 24);
-        assert_eq!(signal_cap(5, Some(1.0)), 12);
-        assert_eq!(signal_cap(1_000_000, None), MAX_CAP);
-        assert_eq!(signal_cap(50, Some(0.001)), MAX_CAP);
-    }
-
-    #[test]
-    fn a_signal_fires_past_its_max_and_at_its_share() {
-        assert!(!fires(true, 3, 3, None, None));
-        assert!(fires(true, 4, 3, None, None));
-        assert!(!fires(false, 9, 3, None, None));
-        assert!(fires(true, 6, 5, Some(0.5), Some(0.5)));
-        assert!(!fires(true, 6, 5, Some(0.49), Some(0.5)));
-        assert_eq!(share(1, 3), 0.333333333);
-        assert_eq!(share(0, 0), 0.0);
     }
 
     #[test]

@@ -26,13 +26,17 @@
 //!    bonus); one exceeded and none records; otherwise all record.
 //!
 //! [`math`] holds the arithmetic both deciders share (the embedded decider calls it; the
-//! Lua script mirrors it line for line): filters, caps, the score, the effective max.
+//! Lua script mirrors it line for line): filters, the score, the effective max; a
+//! signal's plan, answer and arithmetic are [`crate::signal`]'s, which the behaviour
+//! actors share without importing this module.
 
 pub mod embedded;
 pub mod math;
 pub mod redis;
 
-use crate::rules::{Algorithm, Count, Filter};
+pub use crate::signal::{SignalPlan, SignalValue};
+
+use crate::rules::{Algorithm, Filter};
 use crate::store::{LimitState, StoreError};
 
 /// Everything one check asks of a decider.
@@ -80,34 +84,6 @@ pub struct TrustPlan {
     pub new_device_ms: Option<u64>,
 }
 
-/// One signal of the scene, resolved for this request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SignalPlan {
-    /// The signal's name (for reports).
-    pub name: String,
-    /// `<prefix>:<scene>:sg:<signal>[:<dims>]`: the set of what is counted, for the
-    /// requests the filter lets through.
-    pub key: String,
-    /// `<prefix>:<scene>:sa:<signal>[:<dims>]`, with `min_share`: the same count over
-    /// every request, matching or not.
-    pub all_key: Option<String>,
-    /// `<prefix>:<scene>:sl:<signal>[:<dims>]`, for `user_switches`: the last user seen.
-    pub last_key: Option<String>,
-    pub count: Count,
-    /// What this request adds to the set: the hash of the counted value (users, devices,
-    /// ips, nets; `user_switches`: the user) as 16 hex digits, or the request id
-    /// (`requests`). Both deciders hash a request id alike
-    /// ([`crate::behaviour::signal::member_of`]), so members seen in one millisecond leave
-    /// a full set in the same order on both.
-    pub member: String,
-    pub filter: Option<Filter>,
-    pub window_ms: u64,
-    pub max: u64,
-    pub min_share: Option<f64>,
-    /// The most members a set keeps (see [`math::signal_cap`]).
-    pub cap: u64,
-}
-
 /// The scene's `[score]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScorePlan {
@@ -146,21 +122,6 @@ pub struct Facts {
     pub new_account: Option<bool>,
     /// `None` without `[trust].new_device` or without a device.
     pub new_device: Option<bool>,
-}
-
-/// One signal's answer.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SignalValue {
-    /// The request matched the signal's filter (always, without one): the signal observed
-    /// it and applies to it. A signal that does not apply has no value and cannot fire.
-    pub applies: bool,
-    /// Distinct members (or switches, or requests) in the window, this request included;
-    /// exact up to the set's cap, the cap past it.
-    pub value: u64,
-    /// With `min_share`: `value` over the same count of every request.
-    pub share: Option<f64>,
-    /// `applies`, `value > max`, and the share at least `min_share`.
-    pub fired: bool,
 }
 
 /// One limit's answer.

@@ -17,11 +17,11 @@ use std::time::Duration;
 use ::redis::{Script, Value};
 use async_trait::async_trait;
 
-use super::math::MAX_CAP;
 use super::{CheckPlan, Decided, Decider, Facts, Judgement, LimitValue, Outcome, SignalValue};
-use crate::behaviour::signal::member_of;
 use crate::clock::Clock;
 use crate::rules::{Algorithm, Filter};
+use crate::signal::member_of;
+use crate::signal::MAX_CAP;
 use crate::store::redis::{map_redis_error, STARTUP_MIN_MS};
 use crate::store::redis_link::RedisLink;
 use crate::store::{LimitState, StoreError};

@@ -23,13 +23,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use vigia::behaviour::entity_hash;
 use vigia::behaviour::signal::SignalState;
 use vigia::behaviour::Behaviours;
 use vigia::clock::{Clock, ManualClock};
 use vigia::config::BehaviourConfig;
 use vigia::decide::embedded::EmbeddedDecider;
-use vigia::decide::math::{effective_max, score as math_score, signal_cap};
+use vigia::decide::math::{effective_max, score as math_score};
 use vigia::decide::redis::RedisDecider;
 use vigia::decide::{
     CheckPlan, Decided, Decider, Judgement, LimitPlan, LimitValue, Outcome, ScorePlan, SignalPlan,
@@ -37,6 +36,8 @@ use vigia::decide::{
 };
 use vigia::metrics::Metrics;
 use vigia::rules::{Algorithm, Count, Filter};
+use vigia::signal::entity_hash;
+use vigia::signal::signal_cap;
 use vigia::store::embedded::EmbeddedStore;
 use vigia::store::redis::RedisStore;
 use vigia::store::{LimitState, RefundOp, WindowStore, EXPIRY_MARGIN_MS};

@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use super::*;
 use crate::clock::{ManualClock, SystemClock};
-use crate::decide::math;
 use crate::rules::Count;
+use crate::signal::{self, signal_cap};
 
 const MIN: u64 = 60_000;
 const T0: u64 = 1_700_000_000_000;
@@ -91,7 +91,7 @@ fn plan(
         window_ms,
         max,
         min_share: None,
-        cap: math::signal_cap(max, None),
+        cap: signal_cap(max, None),
     }
 }
 
@@ -101,7 +101,7 @@ fn new_on_net(net: &str, user: &str, max: u64, min_share: f64) -> SignalPlan {
         all_key: Some(format!("vg:s:sa:new_on_net:{net}")),
         filter: Some(crate::rules::Filter::NewAccount),
         min_share: Some(min_share),
-        cap: math::signal_cap(max, Some(min_share)),
+        cap: signal_cap(max, Some(min_share)),
         ..plan("new_on_net", Count::Users, net, user, 10 * MIN, max)
     }
 }
@@ -298,7 +298,7 @@ async fn min_share_tells_a_farm_from_a_campus() {
     }
     let farm = farm.expect("observed");
     assert_eq!(farm.value, 21);
-    assert_eq!(farm.share, Some(math::share(21, 24)));
+    assert_eq!(farm.share, Some(signal::share(21, 24)));
     assert!(farm.fired);
 
     let mut campus = None;
@@ -323,9 +323,9 @@ async fn min_share_tells_a_farm_from_a_campus() {
     let campus = campus.expect("observed");
     // The all set keeps the 44 most recent: the last four new accounts among 40 old
     // ones. What left the all set left the signal's set too.
-    assert_eq!(math::signal_cap(max, Some(share)), 44);
+    assert_eq!(signal_cap(max, Some(share)), 44);
     assert_eq!(campus.value, 4);
-    assert_eq!(campus.share, Some(math::share(4, 44)));
+    assert_eq!(campus.share, Some(signal::share(4, 44)));
     assert!(!campus.fired);
 }
 
@@ -430,7 +430,7 @@ async fn restart_keeps_signals(first: BehaviourConfig, second: BehaviourConfig) 
     );
     let got = g.one(new_on_net("net", "new2", 1, 0.5), true).await;
     assert_eq!(got.value, 2);
-    assert_eq!(got.share, Some(math::share(2, 3)));
+    assert_eq!(got.share, Some(signal::share(2, 3)));
     assert!(got.fired);
     assert_eq!(g.b.signal_entities().await, 5);
     drop(f);

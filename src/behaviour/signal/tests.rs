@@ -2,6 +2,7 @@
 //! dry runs, shape changes and the snapshot encoding.
 
 use super::*;
+use crate::signal::{member_of, signal_cap};
 
 const MIN: u64 = 60_000;
 const T0: u64 = 1_700_000_000_000;
@@ -14,7 +15,7 @@ fn spec(count: Count, window_ms: u64, max: u64, min_share: Option<f64>) -> Signa
         window_ms,
         max,
         min_share,
-        cap: math::signal_cap(max, min_share) as u32,
+        cap: signal_cap(max, min_share) as u32,
     }
 }
 
@@ -29,23 +30,6 @@ fn switches(window_ms: u64, max: u64) -> SignalSpec {
 /// Records and returns the value.
 fn see(s: &mut SignalState, spec: &SignalSpec, member: u64, now: u64) -> u64 {
     s.observe(spec, member, true, now).value
-}
-
-#[test]
-fn member_hex_is_parsed_anything_else_hashed() {
-    assert_eq!(member_of("00000000000000aa"), 0xaa);
-    assert_eq!(member_of("ffffffffffffffff"), u64::MAX);
-    assert_eq!(member_of("req-1"), entity_hash("req-1"));
-    // Not the canonical form: hashed (its Redis tie order is not the number's).
-    assert_eq!(
-        member_of("00000000000000AA"),
-        entity_hash("00000000000000AA")
-    );
-    assert_eq!(member_of("aa"), entity_hash("aa"));
-    assert_eq!(
-        member_of("+000000000000aa0"),
-        entity_hash("+000000000000aa0")
-    );
 }
 
 #[test]
@@ -70,7 +54,7 @@ fn spec_follows_the_plan_and_clamps_the_cap() {
         cap: u64::MAX,
         ..plan.clone()
     });
-    assert_eq!(u64::from(huge.cap), math::MAX_CAP);
+    assert_eq!(u64::from(huge.cap), MAX_CAP);
     assert_eq!(SignalSpec::of(&SignalPlan { cap: 0, ..plan }).cap, 1);
 }
 
@@ -212,7 +196,7 @@ fn min_share_tells_a_farm_from_a_campus() {
     }
     let got = farm.observe(&sp, 20, true, T0 + 200);
     assert_eq!(got.value, 21);
-    assert_eq!(got.share, Some(math::share(21, 25)));
+    assert_eq!(got.share, Some(share(21, 25)));
     assert!(got.fired);
     assert!(last.is_some_and(|v| v.fired), "20 of 20 fired too");
 
@@ -227,7 +211,7 @@ fn min_share_tells_a_farm_from_a_campus() {
     let got = got.expect("observed");
     assert_eq!(got.value, 21, "the same number of new accounts");
     // The all set keeps its cap, 44: the newest 44 are 21 new and 23 old.
-    assert_eq!(got.share, Some(math::share(21, 44)));
+    assert_eq!(got.share, Some(share(21, 44)));
     assert!(!got.fired, "21 of the 44 most recent is under half");
 
     // Interleaved, as a campus really is: new accounts are a small share of the recent.
@@ -268,7 +252,7 @@ fn eviction_from_the_all_set_removes_from_both() {
     assert_eq!((s.len(), s.all_len()), (0, 3));
     let got = s.observe(&sp, 5, true, T0 + 4);
     assert_eq!(got.value, 1, "1 is gone, 5 is this one");
-    assert_eq!(got.share, Some(math::share(1, 3)));
+    assert_eq!(got.share, Some(share(1, 3)));
     assert!(!got.fired);
 }
 
@@ -302,10 +286,7 @@ fn a_dry_run_foresees_the_eviction_from_the_all_set() {
     s.observe(&sp, 0xc, false, T0);
     let dry = s.peek(&sp, 0x1, true, T0);
     let recorded = s.observe(&sp, 0x1, true, T0);
-    assert_eq!(
-        (recorded.value, recorded.share),
-        (2, Some(math::share(2, 3)))
-    );
+    assert_eq!((recorded.value, recorded.share), (2, Some(share(2, 3))));
     assert_eq!(dry, recorded);
     assert_eq!(
         (s.len(), s.all_len()),
@@ -552,7 +533,7 @@ fn snapshots_refuse_impossible_lengths_before_allocating() {
         Err(DecodeError::Corrupt(_))
     ));
     // Within the cap but not there: refused as truncated, before the Vec is made.
-    bytes[10..14].copy_from_slice(&(math::MAX_CAP as u32).to_be_bytes());
+    bytes[10..14].copy_from_slice(&(MAX_CAP as u32).to_be_bytes());
     assert_eq!(SignalState::from_bytes(&bytes), Err(DecodeError::Truncated));
 }
 
