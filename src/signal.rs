@@ -131,7 +131,7 @@ pub fn member_of(member: &str) -> u64 {
 /// every process: snapshots written to sled before a restart must still find their keys
 /// afterwards, and every node maps an id to the same shard. std does not promise the
 /// algorithm across Rust releases; the `entity_hash_is_pinned` test fails if a toolchain
-/// upgrade changes it (snapshots would then need a new [`signal::FORMAT_VERSION`]). The
+/// upgrade changes it (snapshots would then need a new [`FORMAT_VERSION`](crate::behaviour::signal::FORMAT_VERSION)). The
 /// keys are public, so colliding ids can be searched for (~2^32 work per pair); a
 /// collision makes two accounts count as one, which costs an attacker more than it gains.
 pub fn entity_hash(s: &str) -> u64 {

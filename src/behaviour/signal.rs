@@ -16,8 +16,8 @@
 //! - `user_switches`: the last user (and when it was set) and the times of the switches.
 //!
 //! Members are `u64`: the plan's member is the hash of the counted value as 16 lowercase
-//! hex digits, parsed back ([`member_of`]); anything else (a request id, for `requests`)
-//! is hashed with [`entity_hash`].
+//! hex digits, parsed back ([`member_of`](crate::signal::member_of)); anything else (a request id, for `requests`)
+//! is hashed with [`entity_hash`](crate::signal::entity_hash).
 //!
 //! # Time
 //!
@@ -35,7 +35,7 @@
 //! 16 lowercase hex digits that is the numeric order of the parsed `u64`). Eviction takes
 //! the front — the least recently seen, and at equal times the smallest member — exactly
 //! the members `ZRANGE key 0 n-cap-1` names. A member that is not 16 lowercase hex digits
-//! (today: the request id of `requests`) is hashed with [`member_of`]; the Redis decider
+//! (today: the request id of `requests`) is hashed with [`member_of`](crate::signal::member_of); the Redis decider
 //! sends the script every member in that same form, so ties go the same way on both.
 //!
 //! # Layout
@@ -98,7 +98,7 @@ pub struct SignalSpec {
 }
 
 impl SignalSpec {
-    /// The spec of one plan. The cap is clamped to `1..=MAX_CAP` ([`signal_cap`]
+    /// The spec of one plan. The cap is clamped to `1..=MAX_CAP` ([`signal_cap`](crate::signal::signal_cap)
     /// never leaves that range; the clamp bounds memory and snapshot decoding whatever a
     /// plan says).
     pub fn of(plan: &SignalPlan) -> Self {
