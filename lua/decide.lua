@@ -2,7 +2,9 @@
 decide.lua: one whole decision for one check, atomically: repeat detection, facts (trust
 points, first sightings), signals, score, then every limit all-or-nothing. One EVALSHA is
 one decision. The arithmetic mirrors src/decide/math.rs step for step (same operations on
-the same doubles, in the same order), so the embedded decider and this script agree.
+the same doubles, in the same order), so the embedded decider and this script agree. The
+decider (src/decide/redis.rs) runs it after limits.lua, which defines the limits' arithmetic
+and recording, shared with check.lua (the window store's script).
 
 Optional keys keep KEYS positional: an absent one is replaced by the record key (KEYS[1])
 and an ARGV flag says so; the script never touches a stand-in.
@@ -104,7 +106,7 @@ member at t is inside while t > now - window):
              ZSET order, this member moved to now) and leaves those out of the count.
   fired      applies, value > max, and with min_share a share >= min_share.
 
-Stored shapes (besides check.lua's limits and records, unchanged: refund.lua reads them):
+Stored shapes (besides limits.lua's limits and records: refund.lua reads them):
   sighting   STRING unix ms of the first sighting, PX seen TTL (refreshed on each)
   signal     ZSET member = hash of the counted value (for requests: of the request id) as
              16 lowercase hex digits (the caller sends it so), score = ms
@@ -112,23 +114,15 @@ Stored shapes (besides check.lua's limits and records, unchanged: refund.lua rea
   last user  STRING "<ms>:<member>": the last user's hash and when it was set (the time
              decides whether it is remembered; the expiry only cleans up)
 Every key this script writes expires: signal keys window + margin after their last write,
-limit keys as check.lua, sightings seen TTL after the last, records ARGV[4].
+limit keys as limits.lua says, sightings seen TTL after the last, records ARGV[4].
 ]]
 
--- Tolerance for float drift in token arithmetic (as check.lua).
-local EPS = 1e-9
--- Expiry margin past the end of what a key protects (EXPIRY_MARGIN_MS in src/store/mod.rs).
-local MARGIN = 1000
+-- EPS, MARGIN, int(): limits.lua.
+
 -- Scores and shares are rounded to this (SCORE_DECIMALS in src/decide/math.rs).
 local DECIMALS = 1e9
 -- Members removed per ZREM call: unpack() has a stack limit.
 local CHUNK = 500
-
--- Integers as plain decimal text: Lua numbers are doubles and the default conversion may
--- use an exponent, which Redis would not take as a score, a field value or an expiry.
-local function int(n)
-  return string.format('%d', n)
-end
 
 local function fail(why)
   return redis.error_reply('decide.lua: ' .. why)
@@ -277,7 +271,7 @@ for j = 1, n_limits do
     retry = 0,
     count = 0,
   }
-  if l.algo ~= 's' and l.algo ~= 'f' and l.algo ~= 't' then
+  if not LIMIT_ALGORITHMS[l.algo] then
     return fail('limit ' .. j .. ': unknown algorithm ' .. tostring(l.algo))
   end
   if not FILTERS[l.filter] then
@@ -293,26 +287,19 @@ end
 -- Now, and repeats: before anything is read or written.
 -- ---------------------------------------------------------------------------------------
 
-local now
-if ARGV[5] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-else
-  now = tonumber(ARGV[5])
-  if now == nil then
-    return fail('now (ARGV[5]) is not a number')
-  end
+local now = clock_now(ARGV[5])
+if now == nil then
+  return fail('now (ARGV[5]) is not a number')
 end
 
 -- The same request id twice counts once; the same idempotency key names the first request.
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return { 'dup', request_id }
-end
+local idem_key = nil
 if has_idem then
-  local first = redis.call('GET', KEYS[2])
-  if first then
-    return { 'dup', first }
-  end
+  idem_key = KEYS[2]
+end
+local first = counted_before(KEYS[1], request_id, idem_key)
+if first then
+  return { 'dup', first }
 end
 
 -- ---------------------------------------------------------------------------------------
@@ -609,15 +596,9 @@ local function reply(outcome, with_limits, use_after)
   out[#out + 1] = n_limits
   for j = 1, n_limits do
     local l = limits[j]
-    local count = l.count
-    if use_after and l.applies then
-      count = l.after
-    end
     out[#out + 1] = l.applies and 1 or 0
     out[#out + 1] = l.max
-    out[#out + 1] = count
-    out[#out + 1] = l.exceeded and 1 or 0
-    out[#out + 1] = l.retry
+    limit_reply(out, l, use_after)
   end
   return out
 end
@@ -628,8 +609,8 @@ if score_deny then
 end
 
 -- ---------------------------------------------------------------------------------------
--- Limits, as check.lua: phase 1 evaluates every applying limit against its effective max;
--- phase 2 records in all of them, only when none is exceeded.
+-- Limits (limits.lua, as check.lua): phase 1 evaluates every applying limit against its
+-- effective max; phase 2 records in all of them, only when none is exceeded.
 -- ---------------------------------------------------------------------------------------
 
 -- math::effective_max
@@ -651,124 +632,22 @@ local function effective_max(l)
   return m
 end
 
-local any_exceeded = false
 for j = 1, n_limits do
   local l = limits[j]
   l.max = effective_max(l)
   l.applies = passes(l.filter)
-  if l.applies then
-    local key = l.key
-    if l.algo == 's' then
-      if not dry_run then
-        -- Members at or before now - retain are outside every window sharing this key.
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - l.retain))
-      end
-      -- A member at t counts while t > now - window.
-      local lower = '(' .. int(now - l.window)
-      l.count = redis.call('ZCOUNT', key, lower, '+inf')
-      if l.count + 1 > l.max then
-        l.exceeded = true
-        -- One more fits once count - max + 1 members have left.
-        local offset = math.max(l.count - l.max, 0)
-        local m = redis.call('ZRANGEBYSCORE', key, lower, '+inf', 'WITHSCORES', 'LIMIT', offset, 1)
-        if m[2] then
-          l.retry = math.max(tonumber(m[2]) + l.window - now, 1)
-        else
-          l.retry = l.window
-        end
-      end
-      l.after = l.count + 1
-    elseif l.algo == 'f' then
-      l.start = now - (now % l.window)
-      local h = redis.call('HMGET', key, 's', 'c')
-      local c = 0
-      if h[1] and tonumber(h[1]) == l.start then
-        c = tonumber(h[2]) or 0
-      end
-      l.count = c
-      if c + 1 > l.max then
-        l.exceeded = true
-        l.retry = math.max(l.start + l.window - now, 1)
-      end
-      l.after = c + 1
-    else
-      local h = redis.call('HMGET', key, 'tk', 'ts')
-      local tokens = l.max
-      if h[1] and h[2] then
-        local elapsed = math.max(now - tonumber(h[2]), 0)
-        -- Multiply before dividing: exact whenever the refill is a whole number of tokens.
-        tokens = math.min(l.max, tonumber(h[1]) + elapsed * l.max / l.window)
-      end
-      l.tokens = tokens
-      l.count = math.max(math.ceil(l.max - tokens - EPS), 0)
-      if l.max <= 0 then
-        l.exceeded = true
-        l.retry = l.window
-      elseif tokens < 1 - EPS then
-        l.exceeded = true
-        l.retry = math.max(math.ceil((1 - tokens) * l.window / l.max - EPS), 1)
-      end
-      l.after = math.max(math.ceil(l.max - (tokens - 1) - EPS), 0)
-    end
-    if l.exceeded then
-      any_exceeded = true
-    end
-  end
 end
 
 -- All-or-nothing: one exceeded limit and nothing is recorded anywhere.
-if any_exceeded then
+if limits_evaluate(limits, now, dry_run) then
   return reply('deny', true, false)
 end
 if dry_run then
   return reply('allow', true, true)
 end
 
--- Phase 2. A key named twice (sliding limits sharing a ZSET) is written once; its expiry
--- follows the longest retain among the applying limits naming it.
-local record = {}
-local retain_of = {}
-for j = 1, n_limits do
-  local l = limits[j]
-  if l.applies and l.algo == 's' then
-    retain_of[l.key] = math.max(retain_of[l.key] or 0, l.retain)
-  end
-end
-
-for j = 1, n_limits do
-  local l = limits[j]
-  local key = l.key
-  if l.applies and record[key] == nil then
-    if l.algo == 's' then
-      redis.call('ZADD', key, int(now), request_id)
-      redis.call('PEXPIRE', key, int(retain_of[key] + MARGIN))
-      record[key] = 'z'
-    elseif l.algo == 'f' then
-      redis.call('HSET', key, 's', int(l.start), 'c', int(l.count + 1))
-      redis.call('PEXPIRE', key, int(l.start + l.window - now + MARGIN))
-      record[key] = 'f:' .. int(l.start)
-    else
-      local tk = l.tokens - 1
-      redis.call('HSET', key, 'tk', string.format('%.17g', tk), 'ts', int(now), 'cap', int(l.max))
-      -- A full bucket equals an absent key: live until full again, plus the margin.
-      local refill = math.ceil((l.max - tk) * l.window / l.max - EPS)
-      redis.call('PEXPIRE', key, int(math.max(refill, 1) + MARGIN))
-      record[key] = 't'
-    end
-  end
-end
-
--- The record names only the keys written (what refund.lua may undo). cjson turns an empty
--- table into an array; a request that counted nowhere still gets an object.
-local encoded
-if next(record) == nil then
-  encoded = '{"k":{}}'
-else
-  encoded = cjson.encode({ k = record })
-end
-redis.call('SET', KEYS[1], encoded, 'PX', int(record_ttl))
-if has_idem then
-  redis.call('SET', KEYS[2], request_id, 'PX', int(record_ttl))
-end
+-- Phase 2: the applying limits, the request record (it names only the keys written: what
+-- refund.lua may undo) and the idempotency key.
+limits_record(limits, now, request_id, KEYS[1], idem_key, record_ttl)
 
 return reply('allow', true, true)

@@ -1,7 +1,7 @@
 --[[
 refund.lua: give back the quota one counted request consumed, exactly and atomically.
 
-KEYS[1]    request record key, as written by check.lua
+KEYS[1]    request record key, as written by check.lua or decide.lua (limits.lua)
 KEYS[2..]  candidate keys, recomputed by the caller from the refund's dimension values.
            Only keys the record names are touched: a refund cannot reach a key the request
            never counted in.

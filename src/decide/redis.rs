@@ -26,8 +26,13 @@ use crate::store::redis::{map_redis_error, STARTUP_MIN_MS};
 use crate::store::redis_link::RedisLink;
 use crate::store::{LimitState, StoreError};
 
-/// The decision script; its header documents KEYS, ARGV and the reply.
-const DECIDE_LUA: &str = include_str!("../../lua/decide.lua");
+/// The decision script: `lua/limits.lua` (the limits' arithmetic and recording, shared with
+/// `lua/check.lua`), then `lua/decide.lua`, whose header documents KEYS, ARGV and the
+/// reply. Redis loads and hashes the composed text.
+const DECIDE_LUA: &str = concat!(
+    include_str!("../../lua/limits.lua"),
+    include_str!("../../lua/decide.lua")
+);
 
 /// Fixed KEYS before the per-signal ones: record, idempotency, points, user and device
 /// sightings.

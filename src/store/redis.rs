@@ -24,8 +24,13 @@ use super::{CheckOp, CheckOutcome, LimitState, RefundOp, StoreError, WindowStore
 use crate::clock::Clock;
 use crate::rules::Algorithm;
 
-/// The check script; its header documents KEYS, ARGV and the reply.
-const CHECK_LUA: &str = include_str!("../../lua/check.lua");
+/// The check script: `lua/limits.lua` (the limits' arithmetic and recording, shared with
+/// `lua/decide.lua`), then `lua/check.lua`, whose header documents KEYS, ARGV and the reply.
+/// Redis loads and hashes the composed text.
+const CHECK_LUA: &str = concat!(
+    include_str!("../../lua/limits.lua"),
+    include_str!("../../lua/check.lua")
+);
 /// The refund script; its header documents KEYS, ARGV and the reply.
 const REFUND_LUA: &str = include_str!("../../lua/refund.lua");
 

@@ -1,12 +1,13 @@
 //! The per-key state of the embedded store and the three algorithms, as plain data and
-//! functions — the same arithmetic as `lua/check.lua`, limit for limit, so both stores
-//! answer alike (one behaviour suite runs against both).
+//! functions — the same arithmetic as `lua/limits.lua` (which `lua/check.lua` and
+//! `lua/decide.lua` run), limit for limit, so both stores answer alike (one behaviour
+//! suite runs against both).
 
 use std::collections::BTreeSet;
 
 use crate::store::{LimitState, EXPIRY_MARGIN_MS};
 
-/// Float tolerance for token arithmetic (as in check.lua).
+/// Float tolerance for token arithmetic (as in limits.lua).
 const EPS: f64 = 1e-9;
 
 /// A sliding window: members (request ids) ordered by score (ms).

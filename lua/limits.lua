@@ -1,0 +1,228 @@
+--[[
+limits.lua: the limits of a check on Redis, defined once: how a sliding window, a fixed
+window and a token bucket are counted and decided (phase 1), and how a request is
+recorded in them, with their expiries, its request record for refund.lua and its
+idempotency key (phase 2).
+
+Not a script of its own: it is prepended to check.lua (src/store/redis.rs) and to
+decide.lua (src/decide/redis.rs) at compile time, and Redis loads, hashes and runs the
+composed text. It only defines locals; the script after it reads its arguments and calls
+them (decide.lua also uses int() and MARGIN for its own keys). Why: check.lua is what the window store suite tests at every window edge (fixed
+window edges, bucket refill, sliding peaks, shared ZSETs, retry times, refunds), while
+decide.lua is what production runs; with one definition those cases test the production
+arithmetic, and a fix cannot reach one script and miss the other. (A Lua error's line
+number counts from the top of this file, in the composed script.)
+
+A limit is a table the script builds from its arguments:
+  key      the limit's key
+  algo     "s" sliding window, "f" fixed window, "t" token bucket (LIMIT_ALGORITHMS; the
+           script refuses any other before its first write)
+  window   window_ms
+  max      the max it is held to
+  retain   retain_ms (sliding: the longest window sharing the key)
+  applies  true to count it; otherwise neither phase reads or writes its key
+limits_evaluate fills in, for each applying limit:
+  count    the count before this request (token buckets: tokens spent, that is capacity
+           minus tokens left, rounded up)
+  after    the count including this request (what an allow reports)
+  exceeded true when one more does not fit
+  retry    ms until the limit admits one more (0 when not exceeded)
+  start    fixed window: the current window's start (for phase 2)
+  tokens   token bucket: tokens left now, before this request (for phase 2)
+
+Stored shapes (refund.lua reads them):
+  sliding  ZSET  member = request id, score = ms
+  fixed    HASH  s = window start (aligned: now - now % window), c = count in that window
+  bucket   HASH  tk = tokens left at ts, ts = ms of last spend, cap = capacity (for refund)
+  record   STRING cjson {"k": {<key>: "z" | "f:<start>" | "t"}} (what refund.lua undoes)
+  idem     STRING the request id that was counted
+Expiries: a sliding ZSET the longest retain naming it + MARGIN after its newest member, a
+fixed window HASH MARGIN after the window's end, a bucket MARGIN after it is full again;
+the record and the idempotency key the TTL the caller gives.
+]]
+
+-- Tolerance for float drift in token arithmetic: tokens are stored as decimal text and
+-- refilled fractionally; without it an exact refill edge could land a hair short.
+local EPS = 1e-9
+-- Expiry margin past the end of what a key protects (EXPIRY_MARGIN_MS in src/store/mod.rs).
+local MARGIN = 1000
+
+local LIMIT_ALGORITHMS = { s = true, f = true, t = true }
+
+-- Integers as plain decimal text: Lua numbers are doubles and the default conversion may
+-- use an exponent, which Redis would not take as a score, a field value or an expiry.
+local function int(n)
+  return string.format('%d', n)
+end
+
+-- Now in ms: Redis TIME when arg is "" (production: every node agrees on the time), else
+-- arg itself (tests inject a manual clock here); nil when arg is not a number.
+local function clock_now(arg)
+  if arg == '' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return tonumber(arg)
+end
+
+-- The same request id twice counts once; the same idempotency key names the first request.
+-- Returns the request id that was counted, or nil when this request is new. idem_key: nil
+-- when the check carries none.
+local function counted_before(record_key, request_id, idem_key)
+  if redis.call('EXISTS', record_key) == 1 then
+    return request_id
+  end
+  if idem_key then
+    local first = redis.call('GET', idem_key)
+    if first then
+      return first
+    end
+  end
+  return nil
+end
+
+-- Phase 1 for one limit: reads its key and decides it (see the fields above). Nothing that
+-- changes a count is written; a real check (not dry_run) trims a sliding ZSET of members
+-- outside every window sharing it.
+local function limit_evaluate(l, now, dry_run)
+  local key = l.key
+  l.exceeded = false
+  l.retry = 0
+
+  if l.algo == 's' then
+    if not dry_run then
+      -- Members at or before now - retain are outside every window sharing this key.
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - l.retain))
+    end
+    -- A member at t counts while t > now - window.
+    local lower = '(' .. int(now - l.window)
+    l.count = redis.call('ZCOUNT', key, lower, '+inf')
+    if l.count + 1 > l.max then
+      l.exceeded = true
+      -- One more fits once count - max + 1 members have left: the retry time is when the
+      -- (count - max + 1)-th oldest member in the window reaches its end.
+      local offset = math.max(l.count - l.max, 0)
+      local m = redis.call('ZRANGEBYSCORE', key, lower, '+inf', 'WITHSCORES', 'LIMIT', offset, 1)
+      if m[2] then
+        l.retry = math.max(tonumber(m[2]) + l.window - now, 1)
+      else
+        l.retry = l.window
+      end
+    end
+    l.after = l.count + 1
+
+  elseif l.algo == 'f' then
+    l.start = now - (now % l.window)
+    local h = redis.call('HMGET', key, 's', 'c')
+    local c = 0
+    if h[1] and tonumber(h[1]) == l.start then
+      c = tonumber(h[2]) or 0
+    end
+    l.count = c
+    if c + 1 > l.max then
+      l.exceeded = true
+      l.retry = math.max(l.start + l.window - now, 1)
+    end
+    l.after = c + 1
+
+  else
+    local h = redis.call('HMGET', key, 'tk', 'ts')
+    local tokens = l.max
+    if h[1] and h[2] then
+      local elapsed = math.max(now - tonumber(h[2]), 0)
+      -- Multiply before dividing: exact whenever the refill is a whole number of tokens.
+      tokens = math.min(l.max, tonumber(h[1]) + elapsed * l.max / l.window)
+    end
+    l.tokens = tokens
+    l.count = math.max(math.ceil(l.max - tokens - EPS), 0)
+    if l.max <= 0 then
+      l.exceeded = true
+      l.retry = l.window
+    elseif tokens < 1 - EPS then
+      l.exceeded = true
+      l.retry = math.max(math.ceil((1 - tokens) * l.window / l.max - EPS), 1)
+    end
+    l.after = math.max(math.ceil(l.max - (tokens - 1) - EPS), 0)
+  end
+  return l.exceeded
+end
+
+-- Phase 1: evaluates every applying limit, in order. Returns true when one is exceeded.
+local function limits_evaluate(limits, now, dry_run)
+  local any_exceeded = false
+  for i = 1, #limits do
+    local l = limits[i]
+    if l.applies and limit_evaluate(l, now, dry_run) then
+      any_exceeded = true
+    end
+  end
+  return any_exceeded
+end
+
+-- Appends what both scripts' replies say of limit l: count (with after: including this
+-- request, as an allow reports it; else before it; a limit that does not apply keeps the
+-- count its script gave it), exceeded 1 or 0, retry_after_ms.
+local function limit_reply(out, l, after)
+  local count = l.count
+  if after and l.applies then
+    count = l.after
+  end
+  out[#out + 1] = count
+  out[#out + 1] = l.exceeded and 1 or 0
+  out[#out + 1] = l.retry
+end
+
+-- Phase 2, only when no limit is exceeded and not a dry run (all-or-nothing: one exceeded
+-- limit and nothing is recorded anywhere): adds the request to every applying limit, then
+-- writes its request record and, with idem_key (nil when the check carries none), the
+-- idempotency key, both for record_ttl ms.
+local function limits_record(limits, now, request_id, record_key, idem_key, record_ttl)
+  -- A key named twice (sliding limits sharing a ZSET) is written once; its expiry follows
+  -- the longest retain among the applying limits naming it.
+  local record = {}
+  local retain_of = {}
+  for i = 1, #limits do
+    local l = limits[i]
+    if l.applies and l.algo == 's' then
+      retain_of[l.key] = math.max(retain_of[l.key] or 0, l.retain)
+    end
+  end
+
+  for i = 1, #limits do
+    local l = limits[i]
+    local key = l.key
+    if l.applies and record[key] == nil then
+      if l.algo == 's' then
+        redis.call('ZADD', key, int(now), request_id)
+        -- On every add, not only the first: the newest member decides how long the key
+        -- must live (the seed's first-write expiry dropped members still inside the window).
+        redis.call('PEXPIRE', key, int(retain_of[key] + MARGIN))
+        record[key] = 'z'
+      elseif l.algo == 'f' then
+        redis.call('HSET', key, 's', int(l.start), 'c', int(l.count + 1))
+        redis.call('PEXPIRE', key, int(l.start + l.window - now + MARGIN))
+        record[key] = 'f:' .. int(l.start)
+      else
+        local tk = l.tokens - 1
+        redis.call('HSET', key, 'tk', string.format('%.17g', tk), 'ts', int(now), 'cap', int(l.max))
+        -- A full bucket equals an absent key: live until full again, plus the margin.
+        local refill = math.ceil((l.max - tk) * l.window / l.max - EPS)
+        redis.call('PEXPIRE', key, int(math.max(refill, 1) + MARGIN))
+        record[key] = 't'
+      end
+    end
+  end
+
+  -- The record names only the keys written (what refund.lua may undo). cjson turns an empty
+  -- table into an array; a request that counted nowhere still gets an object.
+  local encoded
+  if next(record) == nil then
+    encoded = '{"k":{}}'
+  else
+    encoded = cjson.encode({ k = record })
+  end
+  redis.call('SET', record_key, encoded, 'PX', int(record_ttl))
+  if idem_key then
+    redis.call('SET', idem_key, request_id, 'PX', int(record_ttl))
+  end
+end
