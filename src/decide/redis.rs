@@ -19,10 +19,10 @@ use async_trait::async_trait;
 
 use super::{CheckPlan, Decided, Decider, Facts, Judgement, LimitValue, Outcome, SignalValue};
 use crate::clock::Clock;
-use crate::rules::{Algorithm, Filter};
+use crate::rules::Filter;
 use crate::signal::member_of;
 use crate::signal::MAX_CAP;
-use crate::store::redis::{map_redis_error, STARTUP_MIN_MS};
+use crate::store::redis::{algo_code, map_redis_error, STARTUP_MIN_MS};
 use crate::store::redis_link::RedisLink;
 use crate::store::{LimitState, StoreError};
 
@@ -144,15 +144,6 @@ fn opt_int(x: Option<u64>) -> String {
 
 fn filter_arg(filter: Option<Filter>) -> String {
     filter.map(|f| f.name().to_string()).unwrap_or_default()
-}
-
-/// The one-letter algorithm code the script reads (as check.lua).
-fn algo_code(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::SlidingWindow => "s",
-        Algorithm::FixedWindow => "f",
-        Algorithm::TokenBucket => "t",
-    }
 }
 
 /// A signal's member as the script stores it: 16 lowercase hex digits, as the embedded
@@ -451,7 +442,7 @@ fn parse_reply(reply: Value, plan: &CheckPlan) -> Result<Decided, StoreError> {
 mod tests {
     use super::*;
     use crate::decide::{LimitPlan, ScorePlan, SignalPlan, TrustPlan};
-    use crate::rules::Count;
+    use crate::rules::{Algorithm, Count};
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())

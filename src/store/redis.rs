@@ -209,8 +209,8 @@ pub(crate) async fn bounded<T>(
     }
 }
 
-/// The one-letter algorithm code check.lua reads.
-fn algo_code(algorithm: Algorithm) -> &'static str {
+/// The one-letter algorithm code `lua/limits.lua` reads (in check.lua and decide.lua).
+pub(crate) fn algo_code(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::SlidingWindow => "s",
         Algorithm::FixedWindow => "f",
