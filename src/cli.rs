@@ -2,6 +2,7 @@
 //! `scenario`.
 
 use std::io::Write;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -90,19 +91,41 @@ pub enum RulesCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
-    /// Remove every key under a prefix with SCAN + UNLINK in batches (never KEYS).
+    /// Remove every key PREFIX:* with SCAN + UNLINK in batches (never KEYS).
+    ///
+    /// Without --redis or --prefix, the missing one is read from the config (--config,
+    /// default config.toml): [store] redis_url and key_prefix, with the VIGIA_* environment
+    /// applied as for serve; the flags win. On a terminal it shows a progress bar on
+    /// stderr; otherwise it prints only the summary line on stdout at the end.
     Sweep {
+        /// The Redis node to sweep. Default: [store] redis_url in the config (or
+        /// VIGIA_REDIS_URL).
+        #[arg(long, value_name = "URL")]
+        redis: Option<String>,
+        /// Keys PREFIX:* are removed (`lt`, `lt:coupon_claim`). Default: [store] key_prefix
+        /// in the config.
         #[arg(long)]
-        redis: String,
-        #[arg(long)]
-        prefix: String,
+        prefix: Option<String>,
         /// Count what would be removed; remove nothing.
         #[arg(long)]
         dry_run: bool,
         /// Keys per SCAN and per UNLINK.
         #[arg(long, default_value_t = sweep::DEFAULT_BATCH)]
         batch: usize,
+        /// Remove at most N keys per second (a dry run counts at most N per second), to
+        /// spare a production Redis the unlinking, memory freeing and replication of the
+        /// deletes. The batch is lowered to N if larger. Default: unthrottled.
+        #[arg(long, value_name = "N", value_parser = parse_rate)]
+        rate: Option<NonZeroU32>,
     },
+}
+
+/// `--rate`: a whole number of keys per second, at least 1.
+fn parse_rate(s: &str) -> Result<NonZeroU32, String> {
+    match s.parse::<u32>() {
+        Ok(n) => NonZeroU32::new(n).ok_or_else(|| "must be at least 1 key per second".into()),
+        Err(e) => Err(format!("not a whole number of keys per second ({e})")),
+    }
 }
 
 /// Runs the command line; the binary's whole `main`.
@@ -120,8 +143,9 @@ pub fn main() -> ExitCode {
                     prefix,
                     dry_run,
                     batch,
+                    rate,
                 },
-        } => keys_sweep(&redis, prefix, dry_run, batch),
+        } => keys_sweep(&cli.config, redis, prefix, dry_run, batch, rate),
         Command::Simulate(args) => simulate_cmd(&args),
         Command::Scenario(args) => scenario_cmd(&args),
     }
@@ -176,11 +200,26 @@ fn rules_check(dir: &std::path::Path) -> ExitCode {
     }
 }
 
-fn keys_sweep(url: &str, prefix: String, dry_run: bool, batch: usize) -> ExitCode {
+fn keys_sweep(
+    config: &std::path::Path,
+    redis: Option<String>,
+    prefix: Option<String>,
+    dry_run: bool,
+    batch: usize,
+    rate: Option<NonZeroU32>,
+) -> ExitCode {
+    let sweep::Target { url, prefix } = match sweep::target(redis, prefix, config) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("vigia: keys sweep: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let opts = sweep::SweepOptions {
         prefix,
         dry_run,
         batch,
+        rate,
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -192,29 +231,59 @@ fn keys_sweep(url: &str, prefix: String, dry_run: bool, batch: usize) -> ExitCod
             return ExitCode::from(2);
         }
     };
-    let verb = if dry_run { "would remove" } else { "removed" };
-    let result = runtime.block_on(sweep::sweep(url, &opts, |p| {
-        eprintln!(
-            "batch {}: matched {}, {verb} {}",
-            p.batches,
-            p.matched,
-            if dry_run { p.matched } else { p.removed }
-        );
-    }));
+    let progress = SweepBar::new(dry_run);
+    let result = runtime.block_on(sweep::sweep(&url, &opts, |p| progress.update(p)));
+    progress.finish();
     match result {
-        Ok(r) => {
-            println!(
-                "{} keys under {}: matched {}, {verb} {}",
-                if dry_run { "dry run:" } else { "done:" },
-                opts.prefix,
-                r.matched,
-                if dry_run { r.matched } else { r.removed }
-            );
+        Ok(report) => {
+            println!("{}", report.summary(&opts.prefix));
             ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("vigia: keys sweep: {e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// The sweep's progress: a spinner with running counts on stderr when it is a terminal;
+/// nothing otherwise (a log or CI gets only the summary line).
+struct SweepBar {
+    bar: Option<indicatif::ProgressBar>,
+    dry_run: bool,
+    started: std::time::Instant,
+}
+
+impl SweepBar {
+    fn new(dry_run: bool) -> Self {
+        use std::io::IsTerminal;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            bar.set_message("connecting");
+            // Ticks on its own: a throttled sweep may wait between updates.
+            bar.enable_steady_tick(std::time::Duration::from_millis(100));
+            bar
+        });
+        SweepBar {
+            bar,
+            dry_run,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    fn update(&self, p: &sweep::SweepProgress) {
+        if let Some(bar) = &self.bar {
+            bar.set_message(p.message(self.dry_run, self.started.elapsed()));
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
         }
     }
 }

@@ -1,4 +1,8 @@
-//! `vigia keys sweep` (library side): SCAN + UNLINK in batches, never KEYS, literal prefix.
+//! `vigia keys sweep`: SCAN + UNLINK in batches, never KEYS, literal prefix (library);
+//! `--rate` and the Redis and prefix taken from the config (command line).
+
+use std::num::NonZeroU32;
+use std::process::{Command, Output};
 
 use vigia::sweep::{sweep, SweepError, SweepOptions, SweepProgress};
 
@@ -313,4 +317,269 @@ async fn an_unreachable_or_invalid_url_is_an_error_not_a_panic() {
         .await
         .expect_err("invalid URL");
     assert!(matches!(err, SweepError::Connect { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_rated_sweep_removes_the_prefix_in_unlinks_no_bigger_than_the_rate() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    fill_lt(&mut conn, 400);
+    for key in OUTSIDE {
+        set(&mut conn, key);
+    }
+
+    // 400 keys at 200/s: about a second. Unrated, a batch of 5 000 would take them in one
+    // SCAN and one UNLINK.
+    let opts = SweepOptions {
+        rate: NonZeroU32::new(200),
+        batch: 5_000,
+        ..SweepOptions::new("lt")
+    };
+    let report = sweep(&server.url(), &opts, |_| {})
+        .await
+        .expect("rated sweep");
+
+    assert_eq!(report.removed, 400);
+    assert_eq!(dbsize(&mut conn), OUTSIDE.len() as u64);
+    let calls = server.command_calls();
+    assert_eq!(calls.get("keys").copied().unwrap_or(0), 0, "{calls:?}");
+    // No UNLINK carries more than a second's worth (200 keys).
+    let unlinks = calls.get("unlink").copied().unwrap_or(0);
+    assert!(unlinks >= 2, "an UNLINK exceeded the rate: {calls:?}");
+}
+
+// ---- The command line ----
+
+fn vigia(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vigia"))
+        .args(args)
+        // The machine's own settings must not leak into these tests.
+        .env_remove("VIGIA_REDIS_URL")
+        .env_remove("VIGIA_KEY_PREFIX")
+        .output()
+        .expect("vigia runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `n` keys `PREFIX:i`.
+fn fill(conn: &mut redis::Connection, prefix: &str, n: usize) {
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        pipe.cmd("SET").arg(format!("{prefix}:{i}")).arg(i).ignore();
+    }
+    pipe.query::<()>(conn).expect("fill pipeline");
+}
+
+fn count(conn: &mut redis::Connection, prefix: &str) -> usize {
+    let mut cursor = 0u64;
+    let mut n = 0;
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query(conn)
+            .expect("SCAN");
+        n += keys.len();
+        cursor = next;
+        if cursor == 0 {
+            return n;
+        }
+    }
+}
+
+/// A config file holding `store`'s lines, in a temp folder kept alive by the caller.
+fn config_file(store: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("vigia.toml");
+    std::fs::write(&path, format!("[store]\n{store}\n")).expect("write config");
+    let path = path.to_str().expect("utf-8 temp path").to_string();
+    (dir, path)
+}
+
+/// A URL nothing listens on.
+fn dead_url() -> String {
+    format!("redis://127.0.0.1:{}", free_port())
+}
+
+#[test]
+fn sweep_with_a_rate_runs_to_completion() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    fill(&mut conn, "lt", 1_000);
+    fill(&mut conn, "keep", 10);
+
+    let out = vigia(&[
+        "keys",
+        "sweep",
+        "--redis",
+        &server.url(),
+        "--prefix",
+        "lt",
+        "--rate",
+        "2000",
+    ]);
+
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(", removed 1000 in "),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(count(&mut conn, "lt"), 0);
+    assert_eq!(count(&mut conn, "keep"), 10);
+}
+
+#[test]
+fn a_rate_that_is_zero_or_not_a_number_is_refused_naming_the_flag() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    fill(&mut conn, "lt", 10);
+
+    for bad in ["0", "-5", "fast"] {
+        let rate = format!("--rate={bad}");
+        let out = vigia(&[
+            "keys",
+            "sweep",
+            "--redis",
+            &server.url(),
+            "--prefix",
+            "lt",
+            &rate,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "--rate {bad}");
+        assert!(
+            stderr(&out).contains("--rate"),
+            "--rate {bad}: {}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(count(&mut conn, "lt"), 10);
+}
+
+#[test]
+fn without_flags_the_redis_and_prefix_come_from_the_config() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    fill(&mut conn, "cfg", 300);
+    fill(&mut conn, "lt", 20);
+    let (_dir, config) = config_file(&format!(
+        "backend = \"redis\"\nredis_url = \"{}\"\nkey_prefix = \"cfg\"",
+        server.url()
+    ));
+
+    let out = vigia(&["--config", &config, "keys", "sweep"]);
+
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("done: keys under cfg: "),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(count(&mut conn, "cfg"), 0);
+    assert_eq!(count(&mut conn, "lt"), 20, "another prefix was swept");
+}
+
+#[test]
+fn each_flag_wins_over_its_config_key() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    fill(&mut conn, "cfg", 30);
+    fill(&mut conn, "lt", 20);
+
+    // --redis wins over the config's (dead) redis_url; the prefix is the config's.
+    let (_dir, config) = config_file(&format!(
+        "redis_url = \"{}\"\nkey_prefix = \"cfg\"",
+        dead_url()
+    ));
+    let out = vigia(&[
+        "keys",
+        "sweep",
+        "--config",
+        &config,
+        "--redis",
+        &server.url(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(count(&mut conn, "cfg"), 0);
+    assert_eq!(count(&mut conn, "lt"), 20);
+
+    // --prefix wins over the config's key_prefix; the Redis is the config's.
+    fill(&mut conn, "cfg", 30);
+    let (_dir2, config) = config_file(&format!(
+        "redis_url = \"{}\"\nkey_prefix = \"cfg\"",
+        server.url()
+    ));
+    let out = vigia(&["keys", "sweep", "--config", &config, "--prefix", "lt"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(count(&mut conn, "lt"), 0);
+    assert_eq!(count(&mut conn, "cfg"), 30);
+}
+
+#[test]
+fn vigia_redis_url_overrides_the_config_file_as_for_serve() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    fill(&mut conn, "lt", 50);
+    let (_dir, config) = config_file(&format!("redis_url = \"{}\"", dead_url()));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_vigia"))
+        .args(["keys", "sweep", "--config", &config])
+        .env("VIGIA_REDIS_URL", server.url())
+        .env_remove("VIGIA_KEY_PREFIX")
+        .output()
+        .expect("vigia runs");
+
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The prefix is the config's default, `lt`.
+    assert_eq!(count(&mut conn, "lt"), 0);
+}
+
+#[test]
+fn no_redis_url_from_flag_or_config_is_an_error_naming_both() {
+    let (_dir, config) = config_file("key_prefix = \"lt\"");
+
+    let out = vigia(&["keys", "sweep", "--config", &config, "--dry-run"]);
+
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("--redis"), "{err}");
+    assert!(err.contains("redis_url"), "{err}");
+    assert!(err.contains(&config), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(stdout(&out), "");
+}
+
+#[test]
+fn a_missing_config_without_the_flags_is_an_error_naming_the_file() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    fill(&mut conn, "lt", 5);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("absent.toml");
+    let missing = missing.to_str().expect("utf-8 temp path");
+
+    let out = vigia(&[
+        "keys",
+        "sweep",
+        "--config",
+        missing,
+        "--redis",
+        &server.url(),
+    ]);
+
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("--prefix not given"), "{err}");
+    assert!(err.contains(missing), "{err}");
+    assert_eq!(count(&mut conn, "lt"), 5);
 }
