@@ -541,7 +541,7 @@ mod tests {
             ..SweepOptions::new("lt")
         };
         assert_eq!(opts(None).effective_batch(), DEFAULT_BATCH);
-        assert_eq!(opts(Some(super::NonZeroU32::MIN)).effective_batch(), 1);
+        assert_eq!(opts(Some(NonZeroU32::MIN)).effective_batch(), 1);
         assert_eq!(opts(Some(rate(10))).effective_batch(), 10);
         assert_eq!(opts(Some(rate(100_000))).effective_batch(), DEFAULT_BATCH);
     }
