@@ -530,7 +530,7 @@ check_token = ""
         c.apply_env(env(&[("VIGIA_STORE", "redis")])).unwrap();
         let err = c.validated().unwrap_err().to_string();
         assert!(
-            err.contains("VIGIA_STORE") && err.contains("redis_url"),
+            err.contains("VIGIA_REDIS_URL") && err.contains("store.redis_url"),
             "{err}"
         );
     }
