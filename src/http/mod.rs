@@ -105,6 +105,37 @@ pub const ROUTES: &[(&str, &str)] = &[
 )]
 pub struct ApiDoc;
 
+/// The OpenAPI document served at `/openapi.json`: [`ApiDoc`], plus the 405 (with its
+/// `Allow` header) every route answers to another method (see [`route`]), documented once
+/// here rather than on each handler.
+pub fn openapi_document() -> serde_json::Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    let not_allowed = serde_json::json!({
+        "description": "the route exists, not for this method",
+        "headers": {"Allow": {"description": "the method the route answers", "schema": {"type": "string"}}},
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    });
+    if let Some(paths) = doc
+        .get_mut("paths")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        for ops in paths
+            .values_mut()
+            .filter_map(serde_json::Value::as_object_mut)
+        {
+            for op in ops.values_mut() {
+                if let Some(responses) = op
+                    .get_mut("responses")
+                    .and_then(serde_json::Value::as_object_mut)
+                {
+                    responses.insert("405".into(), not_allowed.clone());
+                }
+            }
+        }
+    }
+    doc
+}
+
 /// Registers every route of [`ROUTES`] on an actix app. Each is a resource of one
 /// method (see [`route`]): another method on it is a 405 naming the one it answers, and a
 /// path that is no route is a 404.

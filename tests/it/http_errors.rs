@@ -228,8 +228,15 @@ async fn unknown_routes_answer_a_json_404() {
 #[actix_web::test]
 async fn a_wrong_method_on_a_route_is_405_naming_the_allowed_one() {
     let app = rules_app().await;
-    for (method, path) in vigia::http::ROUTES {
-        let path = path.replace("{user_id}", "u1");
+    let doc: Value = app.get("/openapi.json").await.json().await.unwrap();
+    for (method, route) in vigia::http::ROUTES {
+        // Documented: the 405 and its Allow header.
+        let documented = &doc["paths"][route][method]["responses"]["405"];
+        assert!(
+            documented["headers"]["Allow"].is_object(),
+            "{method} {route}"
+        );
+        let path = route.replace("{user_id}", "u1");
         let url = format!("{}{path}", app.base);
         let allowed = method.to_uppercase();
         for wrong in ["GET", "POST", "PUT", "DELETE"] {
