@@ -2,7 +2,7 @@
 
 use actix_web::{web, HttpResponse};
 use serde::Serialize;
-use utoipa::{OpenApi, ToSchema};
+use utoipa::ToSchema;
 
 use super::AppState;
 
