@@ -535,7 +535,7 @@ fn main() {
         let decider = RedisDecider::new(Arc::clone(&link), None)
             .await
             .expect("load decide.lua");
-        let mut conn = link.raw();
+        let mut conn = link.conn().await.expect("connected");
         // Warm up: the script, the allocator, the connection.
         let _: String = cmd(&mut conn, &["FLUSHALL", "SYNC"]).await;
         drive(&decider, &rules[0], "w", (n / 20).max(100)).await;

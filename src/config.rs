@@ -186,19 +186,78 @@ pub enum ConfigError {
     Env { var: &'static str, message: String },
 }
 
+/// Sets one field from an environment variable's value; `Err` says why the value is
+/// unusable.
+type EnvSetter = fn(&mut Config, String) -> Result<(), String>;
+
+/// Every `VIGIA_*` variable API.md names: (variable, the field it sets, how). The one
+/// place the environment meets the config: [`Config::apply_env`] reads it, and
+/// [`Config::validated`] names the variable of a field it finds unusable.
+pub const ENV: &[(&str, &str, EnvSetter)] = &[
+    ("VIGIA_LISTEN", "listen", |c, v| {
+        c.listen = v;
+        Ok(())
+    }),
+    ("VIGIA_RULES_DIR", "rules_dir", |c, v| {
+        c.rules_dir = v.into();
+        Ok(())
+    }),
+    ("VIGIA_DATA_DIR", "data_dir", |c, v| {
+        c.data_dir = v.into();
+        Ok(())
+    }),
+    ("VIGIA_STORE", "store.backend", |c, v| {
+        c.store.backend = StoreBackend::parse(&v)
+            .ok_or_else(|| format!("{v:?} is not one of embedded, redis, redis_cluster"))?;
+        Ok(())
+    }),
+    ("VIGIA_REDIS_URL", "store.redis_url", |c, v| {
+        c.store.redis_url = v;
+        Ok(())
+    }),
+    ("VIGIA_KEY_PREFIX", "store.key_prefix", |c, v| {
+        c.store.key_prefix = v;
+        Ok(())
+    }),
+    ("VIGIA_ADMIN_TOKEN", "auth.admin_token", |c, v| {
+        c.auth.admin_token = v;
+        Ok(())
+    }),
+    ("VIGIA_CHECK_TOKEN", "auth.check_token", |c, v| {
+        c.auth.check_token = v;
+        Ok(())
+    }),
+];
+
 impl Config {
-    /// Reads `path`, applies the environment, validates. Relative `rules_dir` and
-    /// `data_dir` are taken relative to the working directory, as an operator expects
-    /// from `cargo run` in the repository.
+    /// Reads `path`, applies the process environment, validates. Relative paths in the
+    /// file (`rules_dir`, `data_dir`, `[record] path`) are taken relative to the file's
+    /// folder; paths from the environment relative to the working directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             file: file.clone(),
             source,
         })?;
-        Config::from_toml(&file, &text)?
-            .with_env(|k| std::env::var(k).ok())?
-            .validated()
+        let mut config = Config::from_toml(&file, &text)?;
+        config.relative_to(path.parent().unwrap_or(Path::new("")));
+        config.apply_env(std::env::vars())?;
+        config.validated()
+    }
+
+    /// Takes every relative path of the config (`rules_dir`, `data_dir`, `[record] path`)
+    /// relative to `dir`: the folder of the file they were read from.
+    pub fn relative_to(&mut self, dir: &Path) {
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = dir.join(&*p);
+            }
+        };
+        resolve(&mut self.rules_dir);
+        resolve(&mut self.data_dir);
+        if let Some(r) = &mut self.record {
+            resolve(&mut r.path);
+        }
     }
 
     /// Parses and validates the file's text; `file` names it in errors.
@@ -218,33 +277,18 @@ impl Config {
         }
     }
 
-    /// Applies the `VIGIA_*` overrides read through `get`.
-    pub fn with_env(mut self, get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        if let Some(v) = get("VIGIA_LISTEN") {
-            self.listen = v;
+    /// Applies the `VIGIA_*` variables of [`ENV`] found in `env` (other variables are
+    /// ignored). A value that cannot be parsed is an error naming its variable.
+    pub fn apply_env(
+        &mut self,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(), ConfigError> {
+        for (key, value) in env {
+            if let Some((var, _, set)) = ENV.iter().find(|(var, ..)| *var == key) {
+                set(self, value).map_err(|message| ConfigError::Env { var, message })?;
+            }
         }
-        if let Some(v) = get("VIGIA_RULES_DIR") {
-            self.rules_dir = v.into();
-        }
-        if let Some(v) = get("VIGIA_DATA_DIR") {
-            self.data_dir = v.into();
-        }
-        if let Some(v) = get("VIGIA_STORE") {
-            self.store.backend = StoreBackend::parse(&v).ok_or_else(|| ConfigError::Env {
-                var: "VIGIA_STORE",
-                message: format!("{v:?} is not one of embedded, redis, redis_cluster"),
-            })?;
-        }
-        if let Some(v) = get("VIGIA_REDIS_URL") {
-            self.store.redis_url = v;
-        }
-        if let Some(v) = get("VIGIA_ADMIN_TOKEN") {
-            self.auth.admin_token = v;
-        }
-        if let Some(v) = get("VIGIA_CHECK_TOKEN") {
-            self.auth.check_token = v;
-        }
-        Ok(self)
+        Ok(())
     }
 
     /// Checks the values serde cannot, after the environment applied: a problem here came
@@ -253,11 +297,12 @@ impl Config {
         match self.problems().into_iter().next() {
             None => Ok(self),
             Some((field, message)) => Err(ConfigError::Env {
-                var: match field {
-                    "listen" => "VIGIA_LISTEN",
-                    "store.redis_url" => "VIGIA_REDIS_URL",
-                    _ => "VIGIA_STORE",
-                },
+                // A field no variable sets was checked with the file; what is left is
+                // the Redis URL a backend switched by VIGIA_STORE lacks.
+                var: ENV
+                    .iter()
+                    .find(|(_, f, _)| *f == field)
+                    .map_or("VIGIA_STORE", |(var, ..)| var),
                 message: format!("{field}: {message}"),
             }),
         }
@@ -422,25 +467,95 @@ check_token = ""
         assert!(err.starts_with("c.toml:2:"), "{err}");
     }
 
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     #[test]
-    fn environment_overrides_the_file() {
-        let c = Config::default()
-            .with_env(|k| match k {
-                "VIGIA_LISTEN" => Some("127.0.0.1:7000".into()),
-                "VIGIA_STORE" => Some("redis".into()),
-                "VIGIA_REDIS_URL" => Some("redis://127.0.0.1:7001".into()),
-                "VIGIA_CHECK_TOKEN" => Some("t".into()),
-                _ => None,
-            })
-            .unwrap();
+    fn every_variable_of_the_table_overrides_its_field() {
+        let mut c = Config::default();
+        c.apply_env(env(&[
+            ("VIGIA_LISTEN", "127.0.0.1:7000"),
+            ("VIGIA_RULES_DIR", "/etc/vigia/rules"),
+            ("VIGIA_DATA_DIR", "/var/lib/vigia"),
+            ("VIGIA_STORE", "redis_cluster"),
+            ("VIGIA_REDIS_URL", "redis://a:7001,redis://b:7001"),
+            ("VIGIA_KEY_PREFIX", "campaign2"),
+            ("VIGIA_ADMIN_TOKEN", "adm"),
+            ("VIGIA_CHECK_TOKEN", "chk"),
+            ("PATH", "/usr/bin"),
+        ]))
+        .unwrap();
+        let c = c.validated().unwrap();
         assert_eq!(c.listen, "127.0.0.1:7000");
-        assert_eq!(c.store.backend, StoreBackend::Redis);
-        assert_eq!(c.store.redis_url, "redis://127.0.0.1:7001");
-        assert_eq!(c.auth.check_token, "t");
+        assert_eq!(c.rules_dir, Path::new("/etc/vigia/rules"));
+        assert_eq!(c.data_dir, Path::new("/var/lib/vigia"));
+        assert_eq!(c.store.backend, StoreBackend::RedisCluster);
+        assert_eq!(c.store.redis_url, "redis://a:7001,redis://b:7001");
+        assert_eq!(c.store.key_prefix, "campaign2");
+        assert_eq!(c.auth.admin_token, "adm");
+        assert_eq!(c.auth.check_token, "chk");
+        // The table is API.md's list, each variable once.
+        let vars: Vec<&str> = ENV.iter().map(|(v, ..)| *v).collect();
+        assert_eq!(
+            vars,
+            [
+                "VIGIA_LISTEN",
+                "VIGIA_RULES_DIR",
+                "VIGIA_DATA_DIR",
+                "VIGIA_STORE",
+                "VIGIA_REDIS_URL",
+                "VIGIA_KEY_PREFIX",
+                "VIGIA_ADMIN_TOKEN",
+                "VIGIA_CHECK_TOKEN"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bad_variable_is_an_error_naming_it() {
         let err = Config::default()
-            .with_env(|k| (k == "VIGIA_STORE").then(|| "nope".into()))
-            .unwrap_err();
-        assert!(err.to_string().contains("VIGIA_STORE"));
+            .apply_env(env(&[("VIGIA_STORE", "foo")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("VIGIA_STORE") && err.contains("foo"), "{err}");
+        let mut c = Config::default();
+        c.apply_env(env(&[("VIGIA_KEY_PREFIX", "lt:x")])).unwrap();
+        let err = c.validated().unwrap_err().to_string();
+        assert!(err.contains("VIGIA_KEY_PREFIX"), "{err}");
+        let mut c = Config::default();
+        c.apply_env(env(&[("VIGIA_STORE", "redis")])).unwrap();
+        let err = c.validated().unwrap_err().to_string();
+        assert!(
+            err.contains("VIGIA_REDIS_URL") && err.contains("store.redis_url"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn relative_paths_of_a_file_are_taken_from_its_folder() {
+        let mut c = Config::from_toml(
+            "/etc/vigia/config.toml",
+            "rules_dir = \"rules\"\ndata_dir = \"/var/lib/vigia\"\n[record]\npath = \"traffic\"\n",
+        )
+        .unwrap();
+        c.relative_to(Path::new("/etc/vigia"));
+        assert_eq!(c.rules_dir, Path::new("/etc/vigia/rules"));
+        assert_eq!(c.data_dir, Path::new("/var/lib/vigia"));
+        assert_eq!(
+            c.record.map(|r| r.path),
+            Some(PathBuf::from("/etc/vigia/traffic"))
+        );
+        // The environment's paths are the operator's, from the working directory.
+        let mut c = Config::default();
+        c.relative_to(Path::new("/etc/vigia"));
+        c.apply_env(env(&[("VIGIA_RULES_DIR", "my-rules")]))
+            .unwrap();
+        assert_eq!(c.rules_dir, Path::new("my-rules"));
+        assert_eq!(c.data_dir, Path::new("/etc/vigia/data"));
     }
 
     #[test]
@@ -485,12 +600,9 @@ check_token = ""
 
     #[test]
     fn invalid_environment_names_the_variable() {
-        let err = Config::default()
-            .with_env(|k| (k == "VIGIA_LISTEN").then(|| "nowhere".into()))
-            .unwrap()
-            .validated()
-            .unwrap_err()
-            .to_string();
+        let mut c = Config::default();
+        c.apply_env(env(&[("VIGIA_LISTEN", "nowhere")])).unwrap();
+        let err = c.validated().unwrap_err().to_string();
         assert!(err.contains("VIGIA_LISTEN"), "{err}");
     }
 }

@@ -31,7 +31,10 @@ pub struct RefundRequest {
 
 /// Validates a `/v1/refund` body (or a `benefit_rolled_back` event): the scene, the
 /// request id, and the dimension values the check carried (they name the keys the request
-/// counted in). Fields it does not name are ignored: an event carries more.
+/// counted in). Every dimension a limit of the scene counts on and the scene requires of a
+/// check must be there: without it the refund could not name the key the request counted
+/// in, and would answer `refunded: false` for a request that was counted. Fields it does
+/// not name are ignored: an event carries more.
 pub fn parse(rules: &RuleSet, body: &Value) -> Result<RefundRequest, RequestError> {
     let obj = input::object(body)?;
     let scene = input::scene(rules, obj)?;
@@ -40,11 +43,30 @@ pub fn parse(rules: &RuleSet, body: &Value) -> Result<RefundRequest, RequestErro
     }
     let request_id = input::request_id(obj, 0)?;
     let (values, _) = input::values(rules, obj)?;
+    require(&scene, &values)?;
     Ok(RefundRequest {
         scene,
         request_id,
         values,
     })
+}
+
+/// The first dimension a limit counts on that the scene requires (so every counted check
+/// carried it) and the body lacks, as `missing_dimension`. A dimension the scene does not
+/// require may be absent: a check without it did not count in that limit either.
+fn require(scene: &Scene, values: &DimensionValues) -> Result<(), RequestError> {
+    let missing = scene
+        .limits
+        .iter()
+        .flat_map(|l| &l.dimensions)
+        .find(|d| scene.required.contains(d) && values.get(d).is_none());
+    match missing {
+        None => Ok(()),
+        Some(d) => Err(RequestError::MissingDimension {
+            field: d.request_field().into_owned(),
+            scene: scene.name.clone(),
+        }),
+    }
 }
 
 /// Refunds on one window store, under one key prefix.
@@ -195,5 +217,25 @@ max = 10
             .op(&rules(), &json!({"scene": "nope", "request_id": "r"}))
             .unwrap_err();
         assert_eq!(e.code(), "unknown_scene");
+    }
+
+    #[test]
+    fn a_refund_without_a_dimension_the_limits_count_on_names_it() {
+        let r = refunds();
+        let e = r
+            .op(
+                &rules(),
+                &json!({"scene": "s", "request_id": "r1", "user_id": "u"}),
+            )
+            .unwrap_err();
+        assert_eq!(e.code(), "missing_dimension");
+        assert_eq!(e.field(), Some("ip"));
+        let e = r
+            .op(
+                &rules(),
+                &json!({"scene": "s", "request_id": "r1", "ip": "192.0.2.1"}),
+            )
+            .unwrap_err();
+        assert_eq!(e.field(), Some("user_id"));
     }
 }

@@ -106,8 +106,10 @@ pub fn share(matching: u64, all: u64) -> f64 {
     round(matching as f64 / all as f64)
 }
 
+/// `x` rounded to 1e-9, and never negative zero: a score or share of zero is `0.0` in
+/// every answer (adding `+0.0` turns `-0.0` into `0.0` and changes nothing else).
 pub(crate) fn round(x: f64) -> f64 {
-    (x * SCORE_DECIMALS).round() / SCORE_DECIMALS
+    (x * SCORE_DECIMALS).round() / SCORE_DECIMALS + 0.0
 }
 
 /// The `u64` a plan's member stands for: 16 lowercase hex digits are parsed (they are a

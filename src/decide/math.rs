@@ -34,6 +34,7 @@ pub fn score(
     let Some(plan) = plan else {
         return (0.0, false);
     };
+    // `round` also turns a `-0.0` (clamp keeps the sign of a zero) into `0.0`.
     let mut raw = 0.0;
     for (signal, weight) in signals.iter().zip(&plan.weights) {
         if signal.fired {
@@ -130,6 +131,19 @@ mod tests {
             score(None, &fired(&[true, true, true]), &young, 0.0),
             (0.0, false)
         );
+    }
+
+    #[test]
+    fn a_zero_score_is_never_negative_zero() {
+        // What rounds to zero from below (a script's "-0", a float leftover) is 0.0.
+        for x in [-0.0, -1e-12] {
+            let r = crate::signal::round(x);
+            assert!(r == 0.0 && r.is_sign_positive(), "{x:?} -> {r:?}");
+            assert_eq!(serde_json::to_string(&r).unwrap(), "0.0");
+        }
+        let p = plan(&[0.1], None, 0.7);
+        let (s, _) = score(Some(&p), &fired(&[false]), &Facts::default(), 0.1);
+        assert_eq!(serde_json::to_string(&s).unwrap(), "0.0");
     }
 
     #[test]

@@ -12,7 +12,6 @@
 //! injects a clock.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ::redis::{Script, Value};
 use async_trait::async_trait;
@@ -22,7 +21,7 @@ use crate::clock::Clock;
 use crate::rules::Filter;
 use crate::signal::member_of;
 use crate::signal::MAX_CAP;
-use crate::store::redis::{algo_code, map_redis_error, STARTUP_MIN_MS};
+use crate::store::redis::{algo_code, STARTUP_MIN_MS};
 use crate::store::redis_link::RedisLink;
 use crate::store::{LimitState, StoreError};
 
@@ -79,14 +78,7 @@ impl RedisDecider {
         let timeout_ms = link.timeout_ms();
         let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
         let script = Script::new(DECIDE_LUA);
-        let mut conn = link.raw();
-        tokio::time::timeout(
-            Duration::from_millis(startup_ms),
-            script.load_async(&mut conn),
-        )
-        .await
-        .map_err(|_| StoreError::Timeout(startup_ms))?
-        .map_err(|e| map_redis_error(e, timeout_ms))?;
+        link.load_scripts(&[&script], startup_ms).await?;
         Ok(RedisDecider {
             link,
             script,
@@ -315,7 +307,8 @@ impl Reply {
     fn fraction(&mut self, what: &str) -> Result<f64, StoreError> {
         let text = self.text(what)?;
         match text.parse::<f64>() {
-            Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+            // `+ 0.0`: a "-0" from the script is the score 0, never `-0.0` in an answer.
+            Ok(x) if (0.0..=1.0).contains(&x) => Ok(x + 0.0),
             _ => Err(bad(format!("{what}: {text:?} is not a number in [0, 1]"))),
         }
     }

@@ -24,6 +24,9 @@ pub enum ApiError {
     Unauthorized,
     #[error("no such route")]
     NotFound,
+    /// The route exists but not for this method; `allow` is the method it answers.
+    #[error("this route answers {allow} only")]
+    MethodNotAllowed { allow: actix_web::http::Method },
     #[error("the store cannot answer: {0}")]
     StoreUnavailable(#[from] StoreError),
     /// `POST /v1/events`: an invalid event (400, the request codes) or a journal that
@@ -44,6 +47,7 @@ pub enum ApiError {
 pub struct ErrorDetail {
     /// `invalid_json`, `unknown_scene`, `missing_dimension`, `invalid_field`,
     /// `unauthorized`, `payload_too_large`, `unsupported_media_type`, `not_found`,
+    /// `method_not_allowed`,
     /// `store_unavailable`, `journal_unavailable`, `invalid_rules`, `internal`.
     pub code: &'static str,
     pub message: String,
@@ -73,6 +77,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType => "unsupported_media_type",
             ApiError::Unauthorized => "unauthorized",
             ApiError::NotFound => "not_found",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::StoreUnavailable(_) => "store_unavailable",
             ApiError::InvalidRules(_) => "invalid_rules",
             ApiError::Internal(_) => "internal",
@@ -103,6 +108,7 @@ impl ResponseError for ApiError {
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Events(EventsError::Invalid { .. }) => StatusCode::BAD_REQUEST,
             ApiError::Events(EventsError::Journal(_)) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -115,6 +121,9 @@ impl ResponseError for ApiError {
         let mut resp = HttpResponse::build(self.status_code());
         if matches!(self, ApiError::StoreUnavailable(_)) {
             resp.insert_header(("Retry-After", "1"));
+        }
+        if let ApiError::MethodNotAllowed { allow } = self {
+            resp.insert_header((actix_web::http::header::ALLOW, allow.as_str()));
         }
         if matches!(self, ApiError::Unauthorized) {
             resp.insert_header(("WWW-Authenticate", "Bearer"));

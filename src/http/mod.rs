@@ -13,7 +13,8 @@ pub mod recording;
 
 use std::sync::Arc;
 
-use actix_web::{web, HttpResponse};
+use actix_web::http::Method;
+use actix_web::{web, FromRequest, Handler, HttpResponse, Responder};
 use arc_swap::ArcSwapOption;
 use utoipa::OpenApi;
 
@@ -104,34 +105,82 @@ pub const ROUTES: &[(&str, &str)] = &[
 )]
 pub struct ApiDoc;
 
-/// Registers every route of [`ROUTES`] on an actix app.
+/// The OpenAPI document served at `/openapi.json`: [`ApiDoc`], plus the 405 (with its
+/// `Allow` header) every route answers to another method (see [`route`]), documented once
+/// here rather than on each handler.
+pub fn openapi_document() -> serde_json::Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    let not_allowed = serde_json::json!({
+        "description": "the route exists, not for this method",
+        "headers": {"Allow": {"description": "the method the route answers", "schema": {"type": "string"}}},
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    });
+    if let Some(paths) = doc
+        .get_mut("paths")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        for ops in paths
+            .values_mut()
+            .filter_map(serde_json::Value::as_object_mut)
+        {
+            for op in ops.values_mut() {
+                if let Some(responses) = op
+                    .get_mut("responses")
+                    .and_then(serde_json::Value::as_object_mut)
+                {
+                    responses.insert("405".into(), not_allowed.clone());
+                }
+            }
+        }
+    }
+    doc
+}
+
+/// Registers every route of [`ROUTES`] on an actix app. Each is a resource of one
+/// method (see [`route`]): another method on it is a 405 naming the one it answers, and a
+/// path that is no route is a 404.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     let json = web::JsonConfig::default()
         .limit(MAX_BODY)
         .error_handler(|err, _req| errors::json_error(err, MAX_BODY).into());
     cfg.app_data(json)
-        .route("/v1/check", web::post().to(check::check))
-        .route("/v1/refund", web::post().to(check::refund))
-        .route("/v1/rules", web::get().to(ops::rules))
-        .route("/healthz", web::get().to(ops::healthz))
-        .route("/readyz", web::get().to(ops::readyz))
-        .route("/metrics", web::get().to(ops::metrics))
-        .route("/openapi.json", web::get().to(ops::openapi))
+        .service(route("/v1/check", Method::POST, check::check))
+        .service(route("/v1/refund", Method::POST, check::refund))
+        .service(route("/v1/rules", Method::GET, ops::rules))
+        .service(route("/healthz", Method::GET, ops::healthz))
+        .service(route("/readyz", Method::GET, ops::readyz))
+        .service(route("/metrics", Method::GET, ops::metrics))
+        .service(route("/openapi.json", Method::GET, ops::openapi))
         .service(
             // A batch of events is larger than a check: its own body limit.
-            web::resource("/v1/events")
-                .app_data(
-                    web::JsonConfig::default()
-                        .limit(events::MAX_EVENTS_BODY)
-                        .error_handler(|err, _req| {
-                            errors::json_error(err, events::MAX_EVENTS_BODY).into()
-                        }),
-                )
-                .route(web::post().to(events::ingest)),
+            route("/v1/events", Method::POST, events::ingest).app_data(
+                web::JsonConfig::default()
+                    .limit(events::MAX_EVENTS_BODY)
+                    .error_handler(|err, _req| {
+                        errors::json_error(err, events::MAX_EVENTS_BODY).into()
+                    }),
+            ),
         )
-        .route("/v1/trust/{user_id}", web::get().to(events::trust))
-        .route("/v1/admin/reload", web::post().to(admin::reload))
+        .service(route("/v1/trust/{user_id}", Method::GET, events::trust))
+        .service(route("/v1/admin/reload", Method::POST, admin::reload))
         .default_service(web::to(not_found));
+}
+
+/// One route: `path` answered by `handler` for `method`, and by a 405 with
+/// `Allow: <method>` for any other method.
+fn route<F, Args>(path: &str, method: Method, handler: F) -> actix_web::Resource
+where
+    F: Handler<Args>,
+    Args: FromRequest + 'static,
+    F::Output: Responder + 'static,
+{
+    let allow = method.clone();
+    web::resource(path)
+        .route(web::method(method).to(handler))
+        .default_service(web::to(move || {
+            let allow = allow.clone();
+            async move { Err::<HttpResponse, _>(errors::ApiError::MethodNotAllowed { allow }) }
+        }))
 }
 
 async fn not_found() -> Result<HttpResponse, errors::ApiError> {

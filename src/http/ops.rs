@@ -2,7 +2,7 @@
 
 use actix_web::{web, HttpResponse};
 use serde::Serialize;
-use utoipa::{OpenApi, ToSchema};
+use utoipa::ToSchema;
 
 use super::AppState;
 
@@ -85,5 +85,5 @@ pub async fn rules(state: web::Data<AppState>) -> HttpResponse {
 /// This API as OpenAPI 3.
 #[utoipa::path(get, path = "/openapi.json", responses((status = 200, body = Object)))]
 pub async fn openapi() -> HttpResponse {
-    HttpResponse::Ok().json(super::ApiDoc::openapi())
+    HttpResponse::Ok().json(super::openapi_document())
 }

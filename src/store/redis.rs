@@ -62,7 +62,8 @@ impl RedisStore {
     /// Connects to `url` (`redis://host:port[/db]`) and loads both scripts.
     ///
     /// `timeout_ms` bounds every later store call and each connection attempt; start-up
-    /// itself gets `max(timeout_ms, 1 s)`. A Redis that does not answer is an error here.
+    /// itself gets `max(timeout_ms, 1 s)`. A Redis that cannot be reached is not an error
+    /// here (the store answers its errors until it is back); one that refuses the scripts is.
     pub async fn connect(url: &str, timeout_ms: u64) -> Result<RedisStore, StoreError> {
         let breaker = Breaker::new("redis", BreakerSettings::default(), None);
         Self::connect_with(url, timeout_ms, Arc::new(breaker)).await
@@ -79,15 +80,8 @@ impl RedisStore {
         let link = RedisLink::open(url, timeout_ms, startup_ms, breaker).await?;
         let check_script = Script::new(CHECK_LUA);
         let refund_script = Script::new(REFUND_LUA);
-        let mut conn = link.raw();
-        tokio::time::timeout(Duration::from_millis(startup_ms), async {
-            check_script.load_async(&mut conn).await?;
-            refund_script.load_async(&mut conn).await?;
-            Ok::<_, RedisError>(())
-        })
-        .await
-        .map_err(|_| StoreError::Timeout(startup_ms))?
-        .map_err(|e| map_redis_error(e, timeout_ms))?;
+        link.load_scripts(&[&check_script, &refund_script], startup_ms)
+            .await?;
 
         Ok(RedisStore {
             link,

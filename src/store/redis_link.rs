@@ -6,13 +6,17 @@
 //! vanished without a FIN or RST (a firewall or NAT dropping its state, a failover behind
 //! one address) would time out forever. So after an outage the breaker's first probe runs
 //! on a freshly built connection: recovery never depends on the old one coming back.
+//!
+//! A Redis that is down at start-up is an outage like any other, not a reason not to
+//! start: the link opens without a connection, every call tries to make one (through the
+//! breaker, so an outage is not hammered), and the scripts load on their first call.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::RedisError;
+use redis::{RedisError, Script};
 
 use super::breaker::Breaker;
 use super::redis::{bounded, map_redis_error};
@@ -26,7 +30,8 @@ const RECONNECT_RETRIES: usize = 3;
 pub struct RedisLink {
     client: redis::Client,
     config: ConnectionManagerConfig,
-    conn: ArcSwap<ConnectionManager>,
+    /// `None` until a first connection is made (Redis was down at start-up).
+    conn: ArcSwapOption<ConnectionManager>,
     breaker: Arc<Breaker>,
     timeout_ms: u64,
     /// One reconnect at a time: concurrent probes would each build a connection.
@@ -43,8 +48,10 @@ impl std::fmt::Debug for RedisLink {
 }
 
 impl RedisLink {
-    /// Connects to `url` within `startup_ms`. `timeout_ms` bounds every later call and each
-    /// connection attempt.
+    /// Opens the link to `url`, trying to connect within `startup_ms`. A Redis that cannot
+    /// be reached is logged (refused, timed out…) and counted by the breaker, and the link
+    /// opens anyway: the calls connect once it is back. Only an unusable URL is an error.
+    /// `timeout_ms` bounds every later call and each connection attempt.
     pub async fn open(
         url: &str,
         timeout_ms: u64,
@@ -59,21 +66,61 @@ impl RedisLink {
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(RECONNECT_RETRIES);
-        let conn = tokio::time::timeout(
-            Duration::from_millis(startup_ms),
-            ConnectionManager::new_with_config(client.clone(), config.clone()),
-        )
-        .await
-        .map_err(|_| StoreError::Timeout(startup_ms))?
-        .map_err(|e| map_redis_error(e, timeout_ms))?;
-        Ok(Arc::new(RedisLink {
+        let link = RedisLink {
             client,
             config,
-            conn: ArcSwap::from_pointee(conn),
+            conn: ArcSwapOption::empty(),
             breaker,
             timeout_ms,
             reconnecting: tokio::sync::Mutex::new(()),
-        }))
+        };
+        match link.connect(startup_ms).await {
+            Ok(conn) => link.conn.store(Some(Arc::new(conn))),
+            Err(e) => {
+                tracing::warn!(
+                    redis_url = url,
+                    error = %e,
+                    "redis cannot be reached at start-up; each scene's on_store_error answers until it is"
+                );
+                link.breaker.record(&Err::<(), _>(e));
+            }
+        }
+        Ok(Arc::new(link))
+    }
+
+    /// A new connection within `within_ms`. One plain attempt first: it reports a refused
+    /// connection as refused, where the manager's own retries would run into the deadline
+    /// and report every outage as a timeout.
+    async fn connect(&self, within_ms: u64) -> Result<ConnectionManager, StoreError> {
+        bounded(within_ms, self.client.get_multiplexed_async_connection()).await?;
+        bounded(
+            within_ms,
+            ConnectionManager::new_with_config(self.client.clone(), self.config.clone()),
+        )
+        .await
+    }
+
+    /// Loads `scripts` at start-up, within `startup_ms`, so a Redis that cannot take them
+    /// fails there rather than on the first call. Without a connection (Redis down at
+    /// start-up) there is nothing to load into: a script loads on its first call.
+    pub async fn load_scripts(
+        &self,
+        scripts: &[&Script],
+        startup_ms: u64,
+    ) -> Result<(), StoreError> {
+        let Some(conn) = self.conn.load_full() else {
+            return Ok(());
+        };
+        let mut conn = ConnectionManager::clone(&conn);
+        tokio::time::timeout(Duration::from_millis(startup_ms), async {
+            for script in scripts {
+                script.load_async(&mut conn).await?;
+            }
+            Ok::<_, RedisError>(())
+        })
+        .await
+        .map_err(|_| StoreError::Timeout(startup_ms))?
+        .map_err(|e| map_redis_error(e, self.timeout_ms))
     }
 
     /// The deadline of one call, ms.
@@ -86,26 +133,29 @@ impl RedisLink {
         &self.breaker
     }
 
-    /// The connection as it is, bypassing the breaker (start-up script loading).
-    pub fn raw(&self) -> ConnectionManager {
-        ConnectionManager::clone(&self.conn.load())
-    }
-
     /// A connection for one call: refused at once while the breaker is open; the first
-    /// probe after an outage builds a fresh connection first.
+    /// probe after an outage, and any call while there is no connection yet, builds a
+    /// fresh connection first.
     pub async fn conn(&self) -> Result<ConnectionManager, StoreError> {
         self.breaker.permit()?;
-        if self.breaker.take_probe() {
-            let _one = self.reconnecting.lock().await;
-            let fresh = bounded(
-                self.timeout_ms,
-                ConnectionManager::new_with_config(self.client.clone(), self.config.clone()),
-            )
-            .await;
-            self.breaker.record(&fresh);
-            self.conn.store(Arc::new(fresh?));
+        let probe = self.breaker.take_probe();
+        if !probe {
+            if let Some(conn) = self.conn.load_full() {
+                return Ok(ConnectionManager::clone(&conn));
+            }
         }
-        Ok(self.raw())
+        let _one = self.reconnecting.lock().await;
+        if !probe {
+            // Another call connected while this one waited.
+            if let Some(conn) = self.conn.load_full() {
+                return Ok(ConnectionManager::clone(&conn));
+            }
+        }
+        let fresh = self.connect(self.timeout_ms).await;
+        self.breaker.record(&fresh);
+        let fresh = fresh?;
+        self.conn.store(Some(Arc::new(fresh.clone())));
+        Ok(fresh)
     }
 
     /// Runs one call under the deadline and tells the breaker how it went.

@@ -16,15 +16,14 @@
 //! unless a test injects a clock ([`RedisLedger::with_clock`]), as in the window store.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::{RedisError, Script, Value};
+use redis::{Script, Value};
 
 use super::ledger::{Award, AwardKind, TrustLedger, TrustRead};
 use crate::clock::Clock;
 use crate::keys::{trust_points_key, user_seen_key, SEEN_RETENTION_MS};
-use crate::store::redis::{map_redis_error, STARTUP_MIN_MS};
+use crate::store::redis::STARTUP_MIN_MS;
 use crate::store::redis_link::RedisLink;
 use crate::store::StoreError;
 
@@ -71,20 +70,17 @@ impl RedisLedger {
             clock: None,
         };
         let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
-        let mut conn = ledger.link.raw();
-        tokio::time::timeout(Duration::from_millis(startup_ms), async {
-            for script in [
-                &ledger.read_script,
-                &ledger.award_script,
-                &ledger.awards_script,
-            ] {
-                script.load_async(&mut conn).await?;
-            }
-            Ok::<_, RedisError>(())
-        })
-        .await
-        .map_err(|_| StoreError::Timeout(startup_ms))?
-        .map_err(|e| map_redis_error(e, timeout_ms))?;
+        ledger
+            .link
+            .load_scripts(
+                &[
+                    &ledger.read_script,
+                    &ledger.award_script,
+                    &ledger.awards_script,
+                ],
+                startup_ms,
+            )
+            .await?;
         Ok(ledger)
     }
 

@@ -247,13 +247,15 @@ async fn behaviour_survives_sigterm_and_restart() {
             .find(|s| s["name"] == name)
             .cloned()
     };
-    let v = Vigia::start_with_args(port, data.path(), None, &[], &args).await;
+    // The copied config.toml's `rules_dir` is relative to its folder: name the shipped rules.
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let v = Vigia::start_with_args(port, data.path(), Some(&rules), &[], &args).await;
     for user in ["a1", "a2", "a3"] {
         let (status, b) = v.check(&claim_on(user)).await;
         assert_eq!(status, 200, "{b}");
     }
     v.sigterm();
-    let v = Vigia::start_with_args(port, data.path(), None, &[], &args).await;
+    let v = Vigia::start_with_args(port, data.path(), Some(&rules), &[], &args).await;
     let (_, b) = v.check(&claim_on("a4")).await;
     let apd = signal(&b, "accounts_per_device").unwrap_or_else(|| panic!("signal in {b}"));
     assert_eq!(

@@ -431,3 +431,48 @@ max = 1000
     let r: serde_json::Value = ready.json().await.unwrap();
     assert!(r["problems"][0].as_str().unwrap().contains("store"), "{r}");
 }
+
+#[actix_web::test]
+async fn a_refund_without_a_dimension_its_limits_count_on_is_400_naming_it() {
+    let app = spawn_app(&[("s.toml", &user_and_device_rules())]).await;
+    let mut b = body("u");
+    b["request_id"] = json!("r1");
+    app.check(b).await;
+    app.check(body("u")).await;
+    assert_eq!(app.check(body("u")).await.0, 429);
+    // The device limit counted r1 too: a refund without the device cannot name its key.
+    let refund = json!({"scene": "s", "request_id": "r1", "user_id": "u", "ip": "192.0.2.10"});
+    let resp = app.post("/v1/refund", &refund).await;
+    assert_eq!(resp.status(), 400);
+    let e: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "missing_dimension", "{e}");
+    assert_eq!(e["error"]["field"], "device_id", "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("device_id"),
+        "{e}"
+    );
+    // Nothing was given back.
+    assert_eq!(app.check(body("u")).await.0, 429);
+    // An unknown request with every dimension is still a 200 that refunds nothing.
+    let unknown = json!({"scene": "s", "request_id": "nope", "user_id": "u", "device_id": "device-0001", "ip": "192.0.2.10"});
+    let resp = app.post("/v1/refund", &unknown).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap(),
+        json!({"refunded": false})
+    );
+}
+
+#[actix_web::test]
+async fn a_scene_without_score_answers_score_zero_never_minus_zero() {
+    let app = spawn_app(&[("s.toml", &user_and_device_rules())]).await;
+    for _ in 0..3 {
+        let resp = app.post("/v1/check", &body("u")).await;
+        let text = resp.text().await.unwrap();
+        assert!(text.contains("\"score\":0.0"), "{text}");
+        assert!(!text.contains("-0.0"), "{text}");
+    }
+}

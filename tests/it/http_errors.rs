@@ -224,3 +224,40 @@ async fn unknown_routes_answer_a_json_404() {
     let e: Value = resp.json().await.unwrap();
     assert_eq!(e["error"]["code"], "not_found");
 }
+
+#[actix_web::test]
+async fn a_wrong_method_on_a_route_is_405_naming_the_allowed_one() {
+    let app = rules_app().await;
+    let doc: Value = app.get("/openapi.json").await.json().await.unwrap();
+    for (method, route) in vigia::http::ROUTES {
+        // Documented: the 405 and its Allow header.
+        let documented = &doc["paths"][route][method]["responses"]["405"];
+        assert!(
+            documented["headers"]["Allow"].is_object(),
+            "{method} {route}"
+        );
+        let path = route.replace("{user_id}", "u1");
+        let url = format!("{}{path}", app.base);
+        let allowed = method.to_uppercase();
+        for wrong in ["GET", "POST", "PUT", "DELETE"] {
+            if wrong == allowed {
+                continue;
+            }
+            let resp = app
+                .client
+                .request(wrong.parse().unwrap(), &url)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 405, "{wrong} {path}");
+            assert_eq!(resp.headers()["allow"], allowed.as_str(), "{wrong} {path}");
+            let e: Value = resp.json().await.unwrap();
+            assert_eq!(e["error"]["code"], "method_not_allowed", "{wrong} {path}");
+        }
+    }
+    // A path that is no route stays a 404, whatever the method.
+    let resp = app.post("/v1/nope", &json!({})).await;
+    assert_eq!(resp.status(), 404);
+    // And the right method still reaches the route.
+    assert_eq!(app.check(body("u")).await.0, 200);
+}

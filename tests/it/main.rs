@@ -17,6 +17,7 @@ mod reload;
 mod scoring;
 mod signals_shared;
 mod simulate;
+mod store_down_at_start;
 mod store_embedded;
 mod store_redis;
 mod store_suite;

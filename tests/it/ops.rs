@@ -236,3 +236,57 @@ fn keys_sweep_from_the_command_line() {
     assert_eq!(n, 1);
     assert_eq!(redis.command_calls().get("keys"), None);
 }
+
+/// `vigia` with no `VIGIA_*` variable from the caller's environment.
+fn vigia_clean_env() -> Command {
+    let mut cmd = vigia();
+    for (var, ..) in vigia::config::ENV {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+#[test]
+fn a_bad_environment_variable_stops_the_start_naming_it() {
+    let out = vigia_clean_env()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("VIGIA_STORE", "foo")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("VIGIA_STORE"), "{stderr}");
+    assert!(stderr.contains("\"foo\""), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn relative_paths_in_a_config_file_are_taken_from_its_folder() {
+    // The config and its rules in conf/; vigia started from the folder above it.
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("conf");
+    std::fs::create_dir_all(conf.join("rules")).unwrap();
+    std::fs::write(
+        conf.join("rules").join("x.toml"),
+        "[scene.x]\non_store_error = \"sometimes\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        conf.join("config.toml"),
+        "listen = \"127.0.0.1:0\"\nrules_dir = \"rules\"\ndata_dir = \"data\"\n",
+    )
+    .unwrap();
+    let out = vigia_clean_env()
+        .current_dir(dir.path())
+        .args(["serve", "--config", "conf/config.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The rules read were conf/rules, not ./rules (which does not exist).
+    assert!(stderr.contains("x.toml:2:"), "{stderr}");
+    assert!(
+        !dir.path().join("data").exists(),
+        "data_dir taken from the cwd"
+    );
+}
