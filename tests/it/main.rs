@@ -4,6 +4,7 @@
 mod common;
 
 mod auth;
+mod client_example;
 mod clock;
 mod decide_suite;
 mod dimensions;
