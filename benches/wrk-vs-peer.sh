@@ -24,7 +24,7 @@ redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$
 pids+=($!); wait_port "$rport"
 
 cargo build --release --quiet
-mkdir -p "$tmp/rules" && cp rules/bench.toml "$tmp/rules/"
+mkdir -p "$tmp/rules" && cp benches/rules/bench.toml "$tmp/rules/"
 VIGIA_LISTEN=127.0.0.1:$vport VIGIA_RULES_DIR=$tmp/rules VIGIA_STORE=${VIGIA_BENCH_STORE:-redis} VIGIA_DATA_DIR=$tmp/data \
   VIGIA_REDIS_URL=redis://127.0.0.1:$rport RUST_LOG=warn ./target/release/vigia --config config.toml &
 pids+=($!); wait_port "$vport"
