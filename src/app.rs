@@ -386,9 +386,13 @@ pub async fn start(
     let behaviours = service.behaviours.clone();
     let ledger = service.ledger.clone();
     let data = service.state;
-    let mut server =
-        HttpServer::new(move || App::new().app_data(data.clone()).configure(http::configure))
-            .shutdown_timeout(10);
+    let mut server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .wrap(actix_web::middleware::from_fn(http::count_answers))
+            .configure(http::configure)
+    })
+    .shutdown_timeout(10);
     if let Some(n) = workers {
         server = server.workers(n);
     }

@@ -14,6 +14,7 @@ pub struct Metrics {
     decisions: IntCounterVec,
     blocks: IntCounterVec,
     signals_fired: IntCounterVec,
+    http_answers: IntCounterVec,
     check_latency: HistogramVec,
     store_errors: IntCounterVec,
     degraded: IntCounterVec,
@@ -65,6 +66,11 @@ impl Metrics {
             "vigia_signals_fired_total",
             "Checks on which a signal fired (past its max and its min_share), by scene and signal; new_account counts a young user.",
             &["scene", "signal"],
+        );
+        let http_answers = counter(
+            "vigia_http_responses_total",
+            "HTTP answers by route (its pattern; unmatched for an unknown path) and status.",
+            &["route", "status"],
         );
         let store_errors = counter(
             "vigia_store_errors_total",
@@ -156,6 +162,7 @@ impl Metrics {
             decisions,
             blocks,
             signals_fired,
+            http_answers,
             check_latency,
             store_errors,
             degraded,
@@ -180,6 +187,13 @@ impl Metrics {
     /// `signal` fired on one check of `scene`.
     pub fn signal_fired(&self, scene: &str, signal: &str) {
         self.signals_fired.with_label_values(&[scene, signal]).inc();
+    }
+
+    /// One HTTP answer of `status` on `route` (a route pattern, or `unmatched`).
+    pub fn http_answer(&self, route: &str, status: u16) {
+        self.http_answers
+            .with_label_values(&[route, &status.to_string()])
+            .inc();
     }
 
     pub fn check_latency(&self, scene: &str, seconds: f64) {

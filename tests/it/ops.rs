@@ -290,3 +290,27 @@ fn relative_paths_in_a_config_file_are_taken_from_its_folder() {
         "data_dir taken from the cwd"
     );
 }
+
+/// Every answer is counted by route and status, the ones that never reach a decision too.
+#[actix_web::test]
+async fn every_http_answer_is_counted_by_route_and_status() {
+    let app = spawn_app(&[("s.toml", &rules())]).await;
+    app.check(body("u")).await;
+    let bad = app
+        .post("/v1/check", &serde_json::json!({"scene": "s"}))
+        .await;
+    assert_eq!(bad.status(), 400);
+    assert_eq!(app.get("/v1/check").await.status(), 405);
+    assert_eq!(app.get("/nowhere").await.status(), 404);
+    assert_eq!(app.get("/v1/trust/u").await.status(), 200);
+    let text = app.get("/metrics").await.text().await.unwrap();
+    for series in [
+        r#"vigia_http_responses_total{route="/v1/check",status="200"} 1"#,
+        r#"vigia_http_responses_total{route="/v1/check",status="400"} 1"#,
+        r#"vigia_http_responses_total{route="/v1/check",status="405"} 1"#,
+        r#"vigia_http_responses_total{route="unmatched",status="404"} 1"#,
+        r#"vigia_http_responses_total{route="/v1/trust/{user_id}",status="200"} 1"#,
+    ] {
+        assert!(text.contains(series), "{series} not in:\n{text}");
+    }
+}
