@@ -443,7 +443,19 @@ fn spawn_sighup_reload(reloader: Arc<Reloader>) {
 /// Runs the service until SIGINT or SIGTERM (graceful: in-flight checks finish).
 pub async fn serve(config: &Config) -> Result<(), StartError> {
     let running = start(config, None, Arc::new(SystemClock)).await?;
-    tracing::info!(addr = %running.addr, "vigia listening");
+    let store_at = match config.store.backend {
+        StoreBackend::Embedded => config.data_dir.display().to_string(),
+        _ => crate::sweep::redact(&config.store.redis_url),
+    };
+    let rules_version = running.state.rules.current().version.clone();
+    // One line says what this process serves from: the store and where, the rules.
+    tracing::info!(
+        addr = %running.addr,
+        store = config.store.backend.name(),
+        store_at = %store_at,
+        rules_version = %rules_version,
+        "vigia listening"
+    );
     spawn_sighup_reload(running.state.reloader.clone());
     let result = running.server.await.map_err(StartError::Server);
     // SIGTERM/SIGINT: the server drained; make every window and every entity's behaviour

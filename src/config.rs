@@ -21,13 +21,23 @@ pub enum StoreBackend {
 }
 
 impl StoreBackend {
-    fn parse(s: &str) -> Option<StoreBackend> {
-        match s {
-            "embedded" => Some(StoreBackend::Embedded),
-            "redis" => Some(StoreBackend::Redis),
-            "redis_cluster" => Some(StoreBackend::RedisCluster),
-            _ => None,
+    /// The name config files and `VIGIA_STORE` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreBackend::Embedded => "embedded",
+            StoreBackend::Redis => "redis",
+            StoreBackend::RedisCluster => "redis_cluster",
         }
+    }
+
+    fn parse(s: &str) -> Option<StoreBackend> {
+        [
+            StoreBackend::Embedded,
+            StoreBackend::Redis,
+            StoreBackend::RedisCluster,
+        ]
+        .into_iter()
+        .find(|b| b.name() == s)
     }
 }
 

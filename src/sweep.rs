@@ -398,7 +398,7 @@ async fn connect(url: &str) -> Result<MultiplexedConnection, SweepError> {
 }
 
 /// The URL with any `user:password@` replaced by `***@`, fit for an error message.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (Some(scheme), rest),
         None => (None, url),

@@ -314,3 +314,52 @@ async fn every_http_answer_is_counted_by_route_and_status() {
         assert!(text.contains(series), "{series} not in:\n{text}");
     }
 }
+
+/// The start-up log says what this process serves from: its address, the store and where
+/// it is, and the rules version.
+#[test]
+fn the_start_up_log_names_the_store_and_the_rules_version() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let data = tempfile::tempdir().expect("data dir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vigia"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("VIGIA_LISTEN", "127.0.0.1:0")
+        .env("VIGIA_DATA_DIR", data.path())
+        .env_remove("VIGIA_STORE")
+        .env_remove("VIGIA_REDIS_URL")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn vigia");
+    let stdout = child.stdout.take().expect("stdout");
+    // Ends when the line is found, or when the process exits (its stdout closes).
+    let line = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("vigia listening"));
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = line.expect("a 'vigia listening' line on stdout");
+    let log: Value = serde_json::from_str(&line).expect("a JSON log line");
+    let fields = &log["fields"];
+    assert_eq!(fields["store"], "embedded", "{line}");
+    assert_eq!(
+        fields["store_at"],
+        data.path().display().to_string(),
+        "{line}"
+    );
+    assert_eq!(
+        fields["rules_version"].as_str().map(str::len),
+        Some(64),
+        "{line}"
+    );
+    assert!(
+        fields["addr"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("127.0.0.1:")),
+        "{line}"
+    );
+}
