@@ -194,18 +194,17 @@ pub async fn count_answers(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let metrics = req
-        .app_data::<web::Data<AppState>>()
-        .map(|s| s.metrics.clone());
+    // One Arc clone of the state, not a clone of every counter in Metrics.
+    let state = req.app_data::<web::Data<AppState>>().cloned();
     let route = req.match_pattern();
     let answer = next.call(req).await;
-    if let Some(metrics) = metrics {
+    if let Some(state) = state {
         let status = match &answer {
             Ok(res) => res.status(),
             Err(e) => e.as_response_error().status_code(),
         };
         let route = route.as_deref().unwrap_or("unmatched");
-        metrics.http_answer(route, status.as_u16());
+        state.metrics.http_answer(route, status.as_u16());
     }
     answer
 }
