@@ -15,6 +15,7 @@ use crate::config::{Config, StoreBackend};
 use crate::decide::embedded::EmbeddedDecider;
 use crate::decide::redis::RedisDecider;
 use crate::decide::Decider;
+use crate::decision_log::DecisionLog;
 use crate::http::recording::Recording;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
@@ -353,6 +354,7 @@ pub async fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Service, St
         auth: config.auth.clone(),
         events: core.events,
         recording,
+        decision_log: DecisionLog::new(config.decision_log),
     });
     Ok(Service {
         state,

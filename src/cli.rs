@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::Config;
+use crate::config::{Config, LogFormat};
 use crate::{app, rules, simulate, sweep};
 
 /// vigia: rate limiting and risk scoring for marketing APIs.
@@ -151,17 +151,23 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+/// The service's log: `RUST_LOG` filters (default `info`), `log_format` shapes each line.
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .json()
-        .try_init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        // Colours only for a person at a terminal, never escape codes in a file.
+        LogFormat::Text => builder
+            .with_ansi(std::io::stdout().is_terminal())
+            .try_init(),
+    };
 }
 
 fn serve(config_path: &std::path::Path) -> ExitCode {
-    init_logging();
+    // The config decides the log's format, so it is read first; its errors go to stderr.
     let config = match Config::load(config_path) {
         Ok(c) => c,
         Err(e) => {
@@ -169,6 +175,7 @@ fn serve(config_path: &std::path::Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    init_logging(config.log_format);
     let result = actix_web::rt::System::new().block_on(app::serve(&config));
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -84,6 +84,52 @@ impl Default for StoreConfig {
     }
 }
 
+/// `log_format`: how every log line is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// One JSON object per line, for a log pipeline.
+    #[default]
+    Json,
+    /// Human-readable lines, for a terminal.
+    Text,
+}
+
+impl LogFormat {
+    fn parse(s: &str) -> Option<LogFormat> {
+        match s {
+            "json" => Some(LogFormat::Json),
+            "text" => Some(LogFormat::Text),
+            _ => None,
+        }
+    }
+}
+
+/// `decision_log`: whether each check's decision is logged, and how its dimensions show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionLogMode {
+    /// No line per check.
+    #[default]
+    Off,
+    /// One line per check; user, device, IP, activity and attribute values as the first
+    /// 16 hex digits of their SHA-256 (an auditor hashes the id they look for).
+    Hashed,
+    /// One line per check with the dimensions as sent.
+    Clear,
+}
+
+impl DecisionLogMode {
+    fn parse(s: &str) -> Option<DecisionLogMode> {
+        match s {
+            "off" => Some(DecisionLogMode::Off),
+            "hashed" => Some(DecisionLogMode::Hashed),
+            "clear" => Some(DecisionLogMode::Clear),
+            _ => None,
+        }
+    }
+}
+
 /// `[auth]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -162,6 +208,8 @@ pub struct Config {
     pub behaviour: BehaviourConfig,
     /// Off unless the section is present.
     pub record: Option<RecordConfig>,
+    pub log_format: LogFormat,
+    pub decision_log: DecisionLogMode,
 }
 
 impl Default for Config {
@@ -174,6 +222,8 @@ impl Default for Config {
             auth: AuthConfig::default(),
             behaviour: BehaviourConfig::default(),
             record: None,
+            log_format: LogFormat::Json,
+            decision_log: DecisionLogMode::Off,
         }
     }
 }
@@ -235,6 +285,16 @@ pub const ENV: &[(&str, &str, EnvSetter)] = &[
     }),
     ("VIGIA_CHECK_TOKEN", "auth.check_token", |c, v| {
         c.auth.check_token = v;
+        Ok(())
+    }),
+    ("VIGIA_LOG_FORMAT", "log_format", |c, v| {
+        c.log_format =
+            LogFormat::parse(&v).ok_or_else(|| format!("{v:?} is not one of json, text"))?;
+        Ok(())
+    }),
+    ("VIGIA_DECISION_LOG", "decision_log", |c, v| {
+        c.decision_log = DecisionLogMode::parse(&v)
+            .ok_or_else(|| format!("{v:?} is not one of off, hashed, clear"))?;
         Ok(())
     }),
 ];
@@ -461,6 +521,28 @@ check_token = ""
     }
 
     #[test]
+    fn logging_is_json_and_no_decision_lines_unless_asked() {
+        let c = Config::from_toml("c.toml", "").unwrap();
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.decision_log, DecisionLogMode::Off);
+        let c = Config::from_toml(
+            "c.toml",
+            "log_format = \"text\"\ndecision_log = \"clear\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.decision_log, DecisionLogMode::Clear);
+        let err = Config::from_toml(
+            "c.toml",
+            "listen = \"127.0.0.1:1\"\ndecision_log = \"all\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("c.toml:2:"), "{err}");
+        assert!(err.contains("off") && err.contains("hashed"), "{err}");
+    }
+
+    #[test]
     fn unknown_field_names_file_and_line() {
         let err = Config::from_toml("c.toml", "listen = \"127.0.0.1:1\"\n[store]\ntimeout = 5\n")
             .unwrap_err()
@@ -496,6 +578,8 @@ check_token = ""
             ("VIGIA_KEY_PREFIX", "campaign2"),
             ("VIGIA_ADMIN_TOKEN", "adm"),
             ("VIGIA_CHECK_TOKEN", "chk"),
+            ("VIGIA_LOG_FORMAT", "text"),
+            ("VIGIA_DECISION_LOG", "hashed"),
             ("PATH", "/usr/bin"),
         ]))
         .unwrap();
@@ -508,7 +592,9 @@ check_token = ""
         assert_eq!(c.store.key_prefix, "campaign2");
         assert_eq!(c.auth.admin_token, "adm");
         assert_eq!(c.auth.check_token, "chk");
-        // The table is API.md's list, each variable once.
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.decision_log, DecisionLogMode::Hashed);
+        // The table is API.md's list (and the two logging switches), each variable once.
         let vars: Vec<&str> = ENV.iter().map(|(v, ..)| *v).collect();
         assert_eq!(
             vars,
@@ -520,7 +606,9 @@ check_token = ""
                 "VIGIA_REDIS_URL",
                 "VIGIA_KEY_PREFIX",
                 "VIGIA_ADMIN_TOKEN",
-                "VIGIA_CHECK_TOKEN"
+                "VIGIA_CHECK_TOKEN",
+                "VIGIA_LOG_FORMAT",
+                "VIGIA_DECISION_LOG"
             ]
         );
     }
@@ -532,6 +620,22 @@ check_token = ""
             .unwrap_err()
             .to_string();
         assert!(err.contains("VIGIA_STORE") && err.contains("foo"), "{err}");
+        let err = Config::default()
+            .apply_env(env(&[("VIGIA_LOG_FORMAT", "xml")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("VIGIA_LOG_FORMAT") && err.contains("json, text"),
+            "{err}"
+        );
+        let err = Config::default()
+            .apply_env(env(&[("VIGIA_DECISION_LOG", "yes")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("VIGIA_DECISION_LOG") && err.contains("off, hashed, clear"),
+            "{err}"
+        );
         let mut c = Config::default();
         c.apply_env(env(&[("VIGIA_KEY_PREFIX", "lt:x")])).unwrap();
         let err = c.validated().unwrap_err().to_string();

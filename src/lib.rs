@@ -22,6 +22,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod decide;
+pub mod decision_log;
 pub mod http;
 pub mod input;
 pub mod keys;

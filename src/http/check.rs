@@ -83,6 +83,9 @@ pub async fn check(
     if let Some(recording) = &state.recording {
         recording.check(&body, &resp);
     }
+    if let Some(log) = &state.decision_log {
+        log.write(&body, &resp);
+    }
     Ok(respond(&resp))
 }
 

@@ -49,6 +49,8 @@ pub struct AppState {
     pub events: Arc<Events>,
     /// `[record]`: answered checks and accepted events as traffic lines.
     pub recording: Option<recording::Recording>,
+    /// `decision_log`: one log line per answered check; `None` when off.
+    pub decision_log: Option<crate::decision_log::DecisionLog>,
 }
 
 /// Every route: (method, path). `/openapi.json` documents exactly these (tested).
