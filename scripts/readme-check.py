@@ -76,14 +76,14 @@ def blocks(text):
     return out
 
 
-def links_outside(text):
-    """Markdown links that leave the repository."""
+def links_outside(text, root):
+    """Markdown links that leave the repository (or name a file `root` does not have)."""
     bad = []
     for n, line in enumerate(text.split("\n"), 1):
         for target in re.findall(r"\]\(([^)\s]+)\)", line):
             if re.match(r"^[a-z]+:", target) or target.startswith("/") or ".." in target:
                 bad.append(f"README.md:{n}: links {target}")
-            elif not os.path.exists(os.path.join(REPO, target.split("#")[0])):
+            elif not os.path.exists(os.path.join(root, target.split("#")[0])):
                 bad.append(f"README.md:{n}: links {target}, which the repository does not have")
         if "../shared" in line:
             bad.append(f"README.md:{n}: names ../shared, which a clone does not have")
@@ -211,12 +211,13 @@ def expected_output(script):
 
 def main():
     keep = "--keep" in sys.argv
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
-        text = f.read()
-    problems = links_outside(text)
     work = tempfile.mkdtemp(prefix="readme-check-")
     clone = os.path.join(work, "vigia")
     subprocess.run(["git", "clone", "--quiet", REPO, clone], check=True)
+    # The README of the clone: what is committed is what a stranger gets.
+    with open(os.path.join(clone, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    problems = links_outside(text, clone)
     # A fresh clone of the sources; the build cache of this checkout, so that a warm
     # target/ is not built again (what is checked is the commands, not the compiler).
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
