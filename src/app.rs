@@ -12,6 +12,7 @@ use crate::behaviour::{BehaviourError, Behaviours};
 use crate::check::Checker;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, StoreBackend};
+use crate::dashboard::History;
 use crate::decide::embedded::EmbeddedDecider;
 use crate::decide::redis::RedisDecider;
 use crate::decide::Decider;
@@ -342,6 +343,13 @@ pub async fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Service, St
         )),
         None => None,
     };
+    // The ops page's history samples the counters; its task ends with the state.
+    let ops = Arc::new(History::new(
+        metrics.clone(),
+        rules.clone(),
+        config.ops.sample_every_ms,
+    ));
+    ops.spawn_sampler();
     let state = web::Data::new(AppState {
         rules,
         checker: core.checker,
@@ -353,6 +361,7 @@ pub async fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Service, St
         auth: config.auth.clone(),
         events: core.events,
         recording,
+        ops,
     });
     Ok(Service {
         state,

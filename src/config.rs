@@ -150,6 +150,22 @@ impl RecordConfig {
     }
 }
 
+/// `[ops]`: the ops page's history.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OpsConfig {
+    /// How often the counters are sampled for the page's 15-minute charts, ms.
+    pub sample_every_ms: u64,
+}
+
+impl Default for OpsConfig {
+    fn default() -> Self {
+        OpsConfig {
+            sample_every_ms: 10_000,
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -162,6 +178,7 @@ pub struct Config {
     pub behaviour: BehaviourConfig,
     /// Off unless the section is present.
     pub record: Option<RecordConfig>,
+    pub ops: OpsConfig,
 }
 
 impl Default for Config {
@@ -174,6 +191,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             behaviour: BehaviourConfig::default(),
             record: None,
+            ops: OpsConfig::default(),
         }
     }
 }
@@ -354,6 +372,11 @@ impl Config {
             (
                 "behaviour.snapshot_every_ms",
                 b.snapshot_every_ms,
+                100..=3_600_000,
+            ),
+            (
+                "ops.sample_every_ms",
+                self.ops.sample_every_ms,
                 100..=3_600_000,
             ),
         ] {

@@ -9,6 +9,7 @@ pub mod check;
 pub mod errors;
 pub mod events;
 pub mod ops;
+pub mod ops_page;
 pub mod recording;
 
 use std::sync::Arc;
@@ -49,6 +50,8 @@ pub struct AppState {
     pub events: Arc<Events>,
     /// `[record]`: answered checks and accepted events as traffic lines.
     pub recording: Option<recording::Recording>,
+    /// The counters' last minutes, for `GET /ops`.
+    pub ops: Arc<crate::dashboard::History>,
 }
 
 /// Every route: (method, path). `/openapi.json` documents exactly these (tested).
@@ -63,6 +66,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/events"),
     ("get", "/v1/trust/{user_id}"),
     ("post", "/v1/admin/reload"),
+    ("get", "/ops"),
+    ("get", "/v1/admin/ops"),
 ];
 
 /// The OpenAPI document.
@@ -82,7 +87,9 @@ pub const ROUTES: &[(&str, &str)] = &[
         ops::openapi,
         events::ingest,
         events::trust,
-        admin::reload
+        admin::reload,
+        ops_page::page,
+        ops_page::data
     ),
     components(schemas(
         crate::check::decision::CheckResponse,
@@ -104,6 +111,14 @@ pub const ROUTES: &[(&str, &str)] = &[
         events::TrustAnswer,
         crate::trust::IngestReport,
         admin::ReloadAnswer,
+        ops_page::OpsView,
+        ops_page::OpsRules,
+        ops_page::OpsStore,
+        crate::dashboard::Totals,
+        crate::dashboard::SceneTotals,
+        crate::dashboard::Decisions,
+        crate::dashboard::HistoryView,
+        crate::dashboard::Sample,
     ))
 )]
 pub struct ApiDoc;
@@ -166,6 +181,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         )
         .service(route("/v1/trust/{user_id}", Method::GET, events::trust))
         .service(route("/v1/admin/reload", Method::POST, admin::reload))
+        .service(route("/ops", Method::GET, ops_page::page))
+        .service(route("/v1/admin/ops", Method::GET, ops_page::data))
         .default_service(web::to(not_found));
 }
 
