@@ -14,6 +14,8 @@ mod faults;
 mod http_check;
 mod http_errors;
 mod ops;
+mod ops_data;
+mod ops_page;
 mod reload;
 mod scoring;
 mod signals_shared;
