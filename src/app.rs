@@ -12,6 +12,7 @@ use crate::behaviour::{BehaviourError, Behaviours};
 use crate::check::Checker;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, StoreBackend};
+use crate::dashboard::History;
 use crate::decide::embedded::EmbeddedDecider;
 use crate::decide::redis::RedisDecider;
 use crate::decide::Decider;
@@ -343,6 +344,13 @@ pub async fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Service, St
         )),
         None => None,
     };
+    // The ops page's history samples the counters; its task ends with the state.
+    let ops = Arc::new(History::new(
+        metrics.clone(),
+        rules.clone(),
+        config.ops.sample_every_ms,
+    ));
+    ops.spawn_sampler();
     let state = web::Data::new(AppState {
         rules,
         checker: core.checker,
@@ -355,6 +363,7 @@ pub async fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Service, St
         events: core.events,
         recording,
         decision_log: DecisionLog::new(config.decision_log),
+        ops,
     });
     Ok(Service {
         state,

@@ -196,6 +196,22 @@ impl RecordConfig {
     }
 }
 
+/// `[ops]`: the ops page's history.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OpsConfig {
+    /// How often the counters are sampled for the page's 15-minute charts, ms.
+    pub sample_every_ms: u64,
+}
+
+impl Default for OpsConfig {
+    fn default() -> Self {
+        OpsConfig {
+            sample_every_ms: 10_000,
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -210,6 +226,7 @@ pub struct Config {
     pub record: Option<RecordConfig>,
     pub log_format: LogFormat,
     pub decision_log: DecisionLogMode,
+    pub ops: OpsConfig,
 }
 
 impl Default for Config {
@@ -224,6 +241,7 @@ impl Default for Config {
             record: None,
             log_format: LogFormat::Json,
             decision_log: DecisionLogMode::Off,
+            ops: OpsConfig::default(),
         }
     }
 }
@@ -414,6 +432,11 @@ impl Config {
             (
                 "behaviour.snapshot_every_ms",
                 b.snapshot_every_ms,
+                100..=3_600_000,
+            ),
+            (
+                "ops.sample_every_ms",
+                self.ops.sample_every_ms,
                 100..=3_600_000,
             ),
         ] {

@@ -21,6 +21,7 @@ pub mod check;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
 pub mod decide;
 pub mod decision_log;
 pub mod http;

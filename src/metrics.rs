@@ -265,6 +265,12 @@ impl Metrics {
         self.record_lines.with_label_values(&[result]).inc();
     }
 
+    /// Every metric as it stands now. The ops page reads its counts here, so it shows
+    /// exactly what `/metrics` exports.
+    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.registry.gather()
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();

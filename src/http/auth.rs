@@ -24,6 +24,25 @@ fn bearer(req: &HttpRequest) -> Option<&str> {
         .map(str::trim)
 }
 
+/// The password of HTTP Basic credentials, if the request carries them (the user name
+/// is ignored: the ops page asks for the admin token as the password).
+fn basic_password(req: &HttpRequest) -> Option<String> {
+    use base64::Engine as _;
+    let encoded = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Basic ")?
+        .trim();
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    let credentials = String::from_utf8(decoded).ok()?;
+    let (_user, password) = credentials.split_once(':')?;
+    Some(password.to_owned())
+}
+
 /// Constant-time equality (the length of the expected token may leak, its content not).
 fn same(given: &str, expected: &str) -> bool {
     given.as_bytes().ct_eq(expected.as_bytes()).into()
@@ -48,6 +67,20 @@ pub fn require_admin(req: &HttpRequest, token: &str) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::Unauthorized)
+    }
+}
+
+/// `Ok` when the request may see the ops page and its data: the admin rule, with the
+/// token given as a bearer token or as the password of HTTP Basic credentials (what a
+/// browser sends after prompting). The 401 asks the browser to prompt.
+pub fn require_admin_browser(req: &HttpRequest, token: &str) -> Result<(), ApiError> {
+    let given = bearer(req)
+        .map(str::to_owned)
+        .or_else(|| basic_password(req));
+    if admin_allowed(req.peer_addr(), given.as_deref(), token) {
+        Ok(())
+    } else {
+        Err(ApiError::BrowserUnauthorized)
     }
 }
 

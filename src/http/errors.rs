@@ -22,6 +22,10 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("missing or wrong bearer token")]
     Unauthorized,
+    /// The ops page: the browser is asked for HTTP Basic credentials (any user, the admin
+    /// token as the password).
+    #[error("missing or wrong credentials: any user name, the admin token as the password")]
+    BrowserUnauthorized,
     #[error("no such route")]
     NotFound,
     /// The route exists but not for this method; `allow` is the method it answers.
@@ -75,7 +79,7 @@ impl ApiError {
             ApiError::Events(EventsError::Journal(_)) => "journal_unavailable",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
-            ApiError::Unauthorized => "unauthorized",
+            ApiError::Unauthorized | ApiError::BrowserUnauthorized => "unauthorized",
             ApiError::NotFound => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::StoreUnavailable(_) => "store_unavailable",
@@ -106,7 +110,7 @@ impl ResponseError for ApiError {
             ApiError::Request(_) => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized | ApiError::BrowserUnauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -127,6 +131,9 @@ impl ResponseError for ApiError {
         }
         if matches!(self, ApiError::Unauthorized) {
             resp.insert_header(("WWW-Authenticate", "Bearer"));
+        }
+        if matches!(self, ApiError::BrowserUnauthorized) {
+            resp.insert_header(("WWW-Authenticate", r#"Basic realm="vigia ops""#));
         }
         resp.json(ErrorBody {
             error: ErrorDetail {

@@ -9,6 +9,7 @@ pub mod check;
 pub mod errors;
 pub mod events;
 pub mod ops;
+pub mod ops_page;
 pub mod recording;
 
 use std::sync::Arc;
@@ -51,6 +52,8 @@ pub struct AppState {
     pub recording: Option<recording::Recording>,
     /// `decision_log`: one log line per answered check; `None` when off.
     pub decision_log: Option<crate::decision_log::DecisionLog>,
+    /// The counters' last minutes, for `GET /ops`.
+    pub ops: Arc<crate::dashboard::History>,
 }
 
 /// Every route: (method, path). `/openapi.json` documents exactly these (tested).
@@ -65,6 +68,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/events"),
     ("get", "/v1/trust/{user_id}"),
     ("post", "/v1/admin/reload"),
+    ("get", "/ops"),
+    ("get", "/v1/admin/ops"),
 ];
 
 /// The OpenAPI document.
@@ -84,7 +89,9 @@ pub const ROUTES: &[(&str, &str)] = &[
         ops::openapi,
         events::ingest,
         events::trust,
-        admin::reload
+        admin::reload,
+        ops_page::page,
+        ops_page::data
     ),
     components(schemas(
         crate::check::decision::CheckResponse,
@@ -106,6 +113,14 @@ pub const ROUTES: &[(&str, &str)] = &[
         events::TrustAnswer,
         crate::trust::IngestReport,
         admin::ReloadAnswer,
+        ops_page::OpsView,
+        ops_page::OpsRules,
+        ops_page::OpsStore,
+        crate::dashboard::Totals,
+        crate::dashboard::SceneTotals,
+        crate::dashboard::Decisions,
+        crate::dashboard::HistoryView,
+        crate::dashboard::Sample,
     ))
 )]
 pub struct ApiDoc;
@@ -168,6 +183,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         )
         .service(route("/v1/trust/{user_id}", Method::GET, events::trust))
         .service(route("/v1/admin/reload", Method::POST, admin::reload))
+        .service(route("/ops", Method::GET, ops_page::page))
+        .service(route("/v1/admin/ops", Method::GET, ops_page::data))
         .default_service(web::to(not_found));
 }
 

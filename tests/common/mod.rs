@@ -2,6 +2,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod app;
+pub mod chromium;
 pub mod load;
 pub mod proxy;
 pub mod redis_server;

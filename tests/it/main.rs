@@ -15,6 +15,8 @@ mod http_check;
 mod http_errors;
 mod logging;
 mod ops;
+mod ops_data;
+mod ops_page;
 mod reload;
 mod scoring;
 mod signals_shared;

@@ -1,0 +1,104 @@
+//! `GET /ops`: the page for the people running a campaign, and `GET /v1/admin/ops`, the
+//! JSON it polls. One HTML file with its script and styles inline (no build step, no
+//! external asset: its Content-Security-Policy forbids them). Admin auth, also as HTTP
+//! Basic so a browser can prompt for the token.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::auth::require_admin_browser;
+use super::errors::{ApiError, ErrorBody};
+use super::ops::RulesError;
+use super::AppState;
+use crate::dashboard::{breaker_state, HistoryView, Totals};
+
+/// The page itself.
+const PAGE: &str = include_str!("ops.html");
+
+/// Only inline script and style, data: images, and fetches to this origin.
+const CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// The rule set in force and the last load that failed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpsRules {
+    pub version: String,
+    /// RFC 3339, UTC.
+    pub loaded_at: String,
+    /// The last load that failed, until one succeeds (the previous rules keep serving).
+    pub last_error: Option<RulesError>,
+}
+
+/// The store's state.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpsStore {
+    /// `redis` or `embedded`.
+    pub kind: &'static str,
+    /// Whether it answered a ping just now.
+    pub ready: bool,
+    /// Why not, when not ready.
+    pub problem: Option<String>,
+    /// `open` or `closed`; null for a store without a breaker (embedded).
+    pub breaker: Option<&'static str>,
+}
+
+/// `GET /v1/admin/ops`: current totals (the page derives live rates from consecutive
+/// polls) and the sampled history of the last 15 minutes.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpsView {
+    /// ms since the epoch, on the service's clock.
+    pub now_ms: u64,
+    pub rules: OpsRules,
+    pub store: OpsStore,
+    /// Counts since the process started.
+    pub totals: Totals,
+    pub history: HistoryView,
+}
+
+/// The ops page (HTML). A browser without credentials is asked for them: any user
+/// name, the admin token as the password (none needed from loopback when no token is set).
+#[utoipa::path(get, path = "/ops", responses(
+    (status = 200, content_type = "text/html", body = String),
+    (status = 401, body = ErrorBody)
+))]
+pub async fn page(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    require_admin_browser(&req, &state.auth.admin_token)?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .insert_header(("Content-Security-Policy", CSP))
+        .insert_header(("Cache-Control", "no-store"))
+        .body(PAGE))
+}
+
+/// What the ops page shows, as JSON: per scene decisions, blocks by limit and dimension
+/// and signals fired (totals and 15 minutes of sampled deltas); rules; store state.
+#[utoipa::path(get, path = "/v1/admin/ops", responses(
+    (status = 200, body = OpsView),
+    (status = 401, body = ErrorBody)
+))]
+pub async fn data(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    require_admin_browser(&req, &state.auth.admin_token)?;
+    let rules = state.rules.current();
+    let store = state.checker.store();
+    let problem = store.ping().await.err().map(|e| e.to_string());
+    let families = state.metrics.gather();
+    let view = OpsView {
+        now_ms: state.rules.clock().now_ms(),
+        rules: OpsRules {
+            version: rules.version.clone(),
+            loaded_at: crate::clock::rfc3339(state.rules.loaded_at_ms()),
+            last_error: state.last_rules_error.load_full().map(|e| (*e).clone()),
+        },
+        store: OpsStore {
+            kind: store.kind(),
+            ready: problem.is_none(),
+            problem,
+            breaker: breaker_state(&families),
+        },
+        totals: Totals::read(&families, &rules),
+        history: state.ops.view(),
+    };
+    Ok(HttpResponse::Ok()
+        .insert_header(("Cache-Control", "no-store"))
+        .json(view))
+}
