@@ -131,7 +131,7 @@ async fn a_failed_reload_shows_its_file_line_and_message() {
     let app = app(60_000, "").await;
     std::fs::write(
         app.rules_path().join("broken.toml"),
-        "[scene.b]\non_store_error = \"fail_close\"\nrequired = [\"user\"]\n\n[[scene.b.limits]]\nname = \"x\"\ndimensions = [\"user\"]\nalgorithm = \"leaky\"\nwindow = \"1s\"\nmax = 1\n",
+        include_str!("../fixtures/ops/broken.toml"),
     )
     .unwrap();
     let r = app

@@ -95,7 +95,7 @@ async fn the_ops_page_shows_checks_blocks_and_a_failed_reload_live() {
     // A broken rule file: the reload fails, the page names the file and the message.
     std::fs::write(
         app.rules_path().join("broken.toml"),
-        "[scene.b]\non_store_error = \"fail_close\"\nrequired = [\"user\"]\n\n[[scene.b.limits]]\nname = \"x\"\ndimensions = [\"user\"]\nalgorithm = \"leaky\"\nwindow = \"1s\"\nmax = 1\n",
+        include_str!("../fixtures/ops/broken.toml"),
     )
     .unwrap();
     let reload = app
