@@ -13,6 +13,7 @@ mod events;
 mod faults;
 mod http_check;
 mod http_errors;
+mod openapi;
 mod ops;
 mod reload;
 mod scoring;
