@@ -81,6 +81,24 @@ impl PartialSchema for IpText {
 
 impl ToSchema for IpText {}
 
+/// A request id: 1 to 64 of `[A-Za-z0-9_-]`, as `crate::input::request_id` takes it (a
+/// test holds the two together).
+pub struct RequestId;
+
+/// [`RequestId`]'s pattern.
+const REQUEST_ID_PATTERN: &str = "^[A-Za-z0-9_-]{1,64}$";
+
+impl PartialSchema for RequestId {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(REQUEST_ID_PATTERN))
+            .into()
+    }
+}
+
+impl ToSchema for RequestId {}
+
 /// `Retry-After`: whole seconds, at least 1.
 pub struct RetryAfterSeconds;
 
@@ -136,7 +154,7 @@ pub struct CheckBody {
     /// A scene of the current rule set.
     pub scene: String,
     /// A ULID is made when absent. The same id twice counts once.
-    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    #[schema(value_type = Option<RequestId>)]
     pub request_id: Option<String>,
     #[schema(value_type = Option<Id>)]
     pub user_id: Option<String>,
@@ -168,7 +186,7 @@ pub struct CheckBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RefundBody {
     pub scene: String,
-    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    #[schema(value_type = RequestId)]
     pub request_id: String,
     #[schema(value_type = Option<Id>)]
     pub user_id: Option<String>,
@@ -329,6 +347,28 @@ mod tests {
         let mut names: Vec<String> = headers.keys().map(|k| k.as_str().to_string()).collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn the_documented_request_id_pattern_is_the_one_the_service_checks() {
+        let pattern = regex::Regex::new(REQUEST_ID_PATTERN).unwrap();
+        let long = "a".repeat(64);
+        let too_long = "a".repeat(65);
+        for id in [
+            "01JX",
+            "a_b-C9",
+            &long,
+            &too_long,
+            "",
+            "has space",
+            "ü",
+            "a:b",
+            "a\nb",
+        ] {
+            let body = serde_json::json!({ "request_id": id });
+            let taken = crate::input::request_id(body.as_object().unwrap(), 0).is_ok();
+            assert_eq!(pattern.is_match(id), taken, "{id:?}");
+        }
     }
 
     #[test]

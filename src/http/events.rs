@@ -7,7 +7,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::check::{DeviceId, Id, IpText};
+use super::check::{DeviceId, Id, IpText, RequestId};
 use super::errors::{ApiError, ErrorBody};
 use super::AppState;
 use crate::clock::rfc3339;
@@ -52,7 +52,7 @@ pub struct RollbackEvent {
     #[schema(format = DateTime)]
     pub occurred_at: String,
     pub scene: String,
-    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+    #[schema(value_type = RequestId)]
     pub request_id: String,
     #[schema(value_type = Option<DeviceId>)]
     pub device_id: Option<String>,

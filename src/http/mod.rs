@@ -102,6 +102,7 @@ use openapi::SecuritySchemes;
         check::Id,
         check::DeviceId,
         check::IpText,
+        check::RequestId,
         check::RetryAfterSeconds,
         check::RateLimitPolicy,
         check::RateLimitState,
