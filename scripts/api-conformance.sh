@@ -10,23 +10,27 @@
 # .venv-ci), created on first use. SCHEMATHESIS_MAX_EXAMPLES bounds the cases per
 # operation and phase (default 300).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-repo=$(pwd)
 
 die() {
   echo "api-conformance: $*" >&2
   exit 1
 }
 
-binary=${1:-${CARGO_TARGET_DIR:-target}/debug/vigia}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+# Paths given by the caller are relative to where they called from; the defaults are in the
+# repository (as cargo puts target/ there).
+binary=${1:-${CARGO_TARGET_DIR:-$repo/target}/debug/vigia}
 [[ -x $binary ]] || die "no vigia binary at $binary (build it with: cargo build --locked)"
 binary=$(cd "$(dirname "$binary")" && pwd)/$(basename "$binary")
+venv=${VIGIA_CI_VENV:-$repo/.venv-ci}
+[[ $venv == /* ]] || venv=$(pwd)/$venv
+cd "$repo"
 command -v python3 >/dev/null 2>&1 || die "python3 is missing (Debian: apt-get install python3)"
 command -v curl >/dev/null 2>&1 || die "curl is missing (Debian: apt-get install curl)"
 
-venv=${VIGIA_CI_VENV:-$repo/.venv-ci}
-if [[ ! -x $venv/bin/python ]]; then
-  python3 -m venv "$venv" ||
+# A venv left without pip (python3-venv was missing when it was made) is made again.
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  python3 -m venv --clear "$venv" >/dev/null ||
     die "python3 -m venv failed; install the venv module (Debian: apt-get install python3-venv)"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r scripts/requirements-ci.txt ||
