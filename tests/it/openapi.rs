@@ -271,3 +271,29 @@ async fn the_events_body_is_one_event_or_a_batch() {
         ])
     );
 }
+
+#[actix_web::test]
+async fn the_trust_path_takes_ids_of_1_to_128_characters() {
+    let app = app().await;
+    let doc = document(&app).await;
+    let param = &doc["paths"]["/v1/trust/{user_id}"]["get"]["parameters"][0]["schema"];
+    assert_eq!(
+        (param["minLength"].as_u64(), param["maxLength"].as_u64()),
+        (Some(1), Some(128))
+    );
+    let trust = |user: String| {
+        app.client
+            .get(format!("{}/v1/trust/{user}", app.base))
+            .bearer_auth("admin-t")
+            .send()
+    };
+    // 128 two-byte characters, percent-encoded on the wire.
+    let resp = trust("%C3%BC".repeat(128)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let t: Value = resp.json().await.unwrap();
+    assert_eq!(t["user_id"], "ü".repeat(128));
+    let resp = trust("%C3%BC".repeat(129)).await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let e: Value = resp.json().await.unwrap();
+    assert_eq!(e["error"]["field"], "user_id");
+}
