@@ -163,14 +163,25 @@ pub fn request_id(obj: &Map<String, Value>, now_ms: u64) -> Result<String, Reque
 pub fn ip(obj: &Map<String, Value>) -> Result<Option<String>, RequestError> {
     match obj.get("ip") {
         None | Some(Value::Null) => Ok(None),
+        // Exactly the address text (no surrounding blanks), as the API document's
+        // ipv4/ipv6 formats say.
         Some(Value::String(s)) => s
-            .trim()
             .parse::<IpAddr>()
             // One address, one key: ::ffff:1.2.3.4 counts as 1.2.3.4.
             .map(|a| Some(a.to_canonical().to_string()))
             .map_err(|_| RequestError::invalid("ip", "is not an IPv4 or IPv6 address")),
         Some(_) => Err(RequestError::invalid("ip", "must be a string")),
     }
+}
+
+/// An RFC 3339 date-time (`user_created_at`, an event's `occurred_at`). chrono also takes a
+/// space between date and time (RFC 3339 allows it "for readability" in prose), which the
+/// API document's `date-time` format does not: refused, so the two agree.
+pub fn rfc3339(s: &str) -> Result<chrono::DateTime<chrono::FixedOffset>, String> {
+    if s.as_bytes().get(10) == Some(&b' ') {
+        return Err("the date and the time are separated by T, not a space".into());
+    }
+    chrono::DateTime::parse_from_rfc3339(s).map_err(|e| e.to_string())
 }
 
 /// Refuses a field not in `fields`, naming it.

@@ -5,7 +5,6 @@
 //! ignored (a `benefit_rolled_back` carries the check's dimension values, which the refund
 //! parser reads from the same object).
 
-use chrono::DateTime;
 use serde_json::{Map, Value};
 
 use crate::input::{integer_text, too_long, RequestError, MAX_ID_LEN};
@@ -213,7 +212,7 @@ fn user_id(at: &str, obj: &Map<String, Value>) -> Result<Option<String>, Invalid
 fn occurred_at(at: &str, obj: &Map<String, Value>) -> Result<u64, Invalid> {
     match obj.get("occurred_at") {
         None | Some(Value::Null) => Err(invalid(at, "occurred_at", "is required")),
-        Some(Value::String(s)) => DateTime::parse_from_rfc3339(s)
+        Some(Value::String(s)) => crate::input::rfc3339(s)
             .map(|t| u64::try_from(t.timestamp_millis()).unwrap_or(0))
             .map_err(|e| invalid(at, "occurred_at", format!("is not RFC 3339: {e}"))),
         Some(_) => Err(invalid(at, "occurred_at", "must be an RFC 3339 string")),

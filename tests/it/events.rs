@@ -456,6 +456,22 @@ async fn an_event_user_id_may_be_an_integral_number_in_any_notation() {
 }
 
 #[actix_web::test]
+async fn occurred_at_is_an_rfc_3339_date_time_with_a_t() {
+    let app = app(Backend::Embedded).await;
+    let mut e = pay("e1", "u1");
+    e["occurred_at"] = json!(rfc3339(now_ms()).replace('T', " "));
+    let (status, b) = post_events(&app, &e).await;
+    assert_eq!(
+        (status, b["error"]["field"].as_str()),
+        (400, Some("occurred_at")),
+        "{b}"
+    );
+    e["occurred_at"] = json!(rfc3339(now_ms()));
+    let (status, b) = post_events(&app, &e).await;
+    assert_eq!(status, 202, "{b}");
+}
+
+#[actix_web::test]
 async fn more_than_1000_events_are_refused() {
     let app = app(Backend::Redis).await;
     let many = |n: usize| -> Value {

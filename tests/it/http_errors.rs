@@ -61,6 +61,12 @@ async fn each_error_names_its_code_and_field() {
         (without("ip"), "missing_dimension", json!("ip")),
         (with("ip", json!("999.1.1.1")), "invalid_field", json!("ip")),
         (with("ip", json!(42)), "invalid_field", json!("ip")),
+        // Exactly the address, as the document's ipv4/ipv6 formats say.
+        (
+            with("ip", json!(" 192.0.2.10")),
+            "invalid_field",
+            json!("ip"),
+        ),
         (
             with("request_id", json!("has space")),
             "invalid_field",
@@ -93,6 +99,12 @@ async fn each_error_names_its_code_and_field() {
         ),
         (
             with("user_created_at", json!("yesterday")),
+            "invalid_field",
+            json!("user_created_at"),
+        ),
+        // RFC 3339's date-time (the document's format) has a T between date and time.
+        (
+            with("user_created_at", json!("2026-01-02 03:04:05Z")),
             "invalid_field",
             json!("user_created_at"),
         ),
