@@ -3,9 +3,11 @@
 //! `/v1/refund` ([`crate::refund`]) and `/v1/events` (`trust::event`) share. It sits below
 //! all three so none of them imports another to read an id the same way.
 //!
-//! Ids may be JSON strings or integers (many backends keep numeric user ids). Any byte is
-//! allowed in an id — keys encode it — but length is bounded so a hostile 10 KB id costs
-//! nothing downstream.
+//! Ids may be JSON strings or integers (many backends keep numeric user ids). Any character
+//! is allowed in an id — keys encode it — but length is bounded so a hostile 10 KB id costs
+//! nothing downstream. The bound counts characters, not bytes: that is what JSON Schema's
+//! `maxLength` counts, so `/openapi.json` can state the bound exactly (at most 4 bytes a
+//! character, an id stays small).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -16,7 +18,8 @@ use serde_json::{Map, Value};
 use crate::keys::DimensionValues;
 use crate::rules::{RuleSet, Scene};
 
-/// Longest id accepted (user, device, activity, idempotency key), in bytes.
+/// Longest id accepted (user, activity, idempotency key, attribute value, event), in
+/// characters.
 pub const MAX_ID_LEN: usize = 128;
 
 /// Why a body is not a valid request. Each names the field involved.
@@ -86,12 +89,27 @@ pub fn truncate(s: &str) -> String {
     s.chars().take(64).collect()
 }
 
+/// An integer id's text. JSON has one number type, so `10086.0` is the integer 10086 (as
+/// JSON Schema's `integer` says) and names the same user as `10086`. A fraction is no id,
+/// and neither is a number past `i64`/`u64`: serde_json reads those as floats, rounded, so
+/// `-9223372036854775809` would pass for `i64::MIN`. Only floats up to 2^53 are integers
+/// known exactly.
+pub fn integer_text(n: &serde_json::Number) -> Option<String> {
+    if n.is_u64() || n.is_i64() {
+        return Some(n.to_string());
+    }
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    let f = n.as_f64()?;
+    (f.fract() == 0.0 && f.abs() <= EXACT).then(|| (f as i64).to_string())
+}
+
 /// A string or integer id; `Ok(None)` when absent or null.
 pub fn id(obj: &Map<String, Value>, field: &str) -> Result<Option<String>, RequestError> {
     let s = match obj.get(field) {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
+        Some(Value::Number(n)) => integer_text(n)
+            .ok_or_else(|| RequestError::invalid(field, "must be a string or an integer"))?,
         Some(_) => {
             return Err(RequestError::invalid(
                 field,
@@ -105,12 +123,17 @@ pub fn id(obj: &Map<String, Value>, field: &str) -> Result<Option<String>, Reque
     Ok(Some(s))
 }
 
-/// `s` if it is at most [`MAX_ID_LEN`] bytes.
+/// Whether `s` is longer than [`MAX_ID_LEN`] characters.
+pub fn too_long(s: &str) -> bool {
+    s.chars().nth(MAX_ID_LEN).is_some()
+}
+
+/// `s` if it is at most [`MAX_ID_LEN`] characters.
 pub fn bounded(field: &str, s: String) -> Result<String, RequestError> {
-    if s.len() > MAX_ID_LEN {
+    if too_long(&s) {
         return Err(RequestError::invalid(
             field,
-            format!("is {} bytes; at most {MAX_ID_LEN}", s.len()),
+            format!("is {} characters; at most {MAX_ID_LEN}", s.chars().count()),
         ));
     }
     Ok(s)
@@ -140,14 +163,25 @@ pub fn request_id(obj: &Map<String, Value>, now_ms: u64) -> Result<String, Reque
 pub fn ip(obj: &Map<String, Value>) -> Result<Option<String>, RequestError> {
     match obj.get("ip") {
         None | Some(Value::Null) => Ok(None),
+        // Exactly the address text (no surrounding blanks), as the API document's
+        // ipv4/ipv6 formats say.
         Some(Value::String(s)) => s
-            .trim()
             .parse::<IpAddr>()
             // One address, one key: ::ffff:1.2.3.4 counts as 1.2.3.4.
             .map(|a| Some(a.to_canonical().to_string()))
             .map_err(|_| RequestError::invalid("ip", "is not an IPv4 or IPv6 address")),
         Some(_) => Err(RequestError::invalid("ip", "must be a string")),
     }
+}
+
+/// An RFC 3339 date-time (`user_created_at`, an event's `occurred_at`). chrono also takes a
+/// space between date and time (RFC 3339 allows it "for readability" in prose), which the
+/// API document's `date-time` format does not: refused, so the two agree.
+pub fn rfc3339(s: &str) -> Result<chrono::DateTime<chrono::FixedOffset>, String> {
+    if s.as_bytes().get(10) == Some(&b' ') {
+        return Err("the date and the time are separated by T, not a space".into());
+    }
+    chrono::DateTime::parse_from_rfc3339(s).map_err(|e| e.to_string())
 }
 
 /// Refuses a field not in `fields`, naming it.
@@ -212,7 +246,7 @@ pub fn values(
     let device = id(obj, "device_id")?;
     // A forged device id is a security verdict, not an input error; an absurd length is
     // forged whatever the pattern says.
-    let device_too_long = device.as_ref().is_some_and(|d| d.len() > MAX_ID_LEN);
+    let device_too_long = device.as_deref().is_some_and(too_long);
     let ip = ip(obj)?;
     let net = ip
         .as_deref()

@@ -252,26 +252,30 @@ pub struct Body<'a> {
     request_id: &'a str,
     scene: &'a str,
     rules_version: &'a str,
-    #[schema(value_type = Option<String>, example = "business")]
-    #[serde(serialize_with = "layer_name")]
+    /// The layer that denied; null for an allow.
+    #[schema(required = true)]
     layer: Option<Layer>,
-    #[schema(value_type = Option<String>)]
+    /// Why: a limit's name, `gateway_rate`, `store_unavailable`, `score` or
+    /// `invalid_device_id`; null for an allow.
+    #[schema(value_type = Option<String>, required = true)]
     reason: Option<&'a Reason>,
+    /// The scene's `deny_message` on a friendly deny; else null.
+    #[schema(required = true)]
     message: Option<&'a str>,
+    /// A friendly deny: when every exceeded limit admits again (at least 1); else null.
+    #[schema(required = true, minimum = 1)]
     retry_after_ms: Option<u64>,
+    /// The risk score, 0 to 1.
+    #[schema(minimum = 0.0, maximum = 1.0)]
     score: f64,
+    /// The store could not answer and the scene's `on_store_error` decided.
     degraded: bool,
+    /// A retry with a known `idempotency_key`: the request id of the first; else null.
+    #[schema(required = true)]
     duplicate_of: Option<&'a str>,
     limits: &'a [LimitReport],
     signals: &'a [SignalReport],
     trust: &'a TrustReport,
-}
-
-fn layer_name<S: Serializer>(l: &Option<Layer>, s: S) -> Result<S::Ok, S::Error> {
-    match l {
-        Some(l) => s.serialize_str(l.name()),
-        None => s.serialize_none(),
-    }
 }
 
 impl<'a> From<&'a CheckResponse> for Body<'a> {

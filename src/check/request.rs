@@ -74,7 +74,7 @@ pub fn parse_check(
     let user_created_at = match obj.get("user_created_at") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(
-            DateTime::parse_from_rfc3339(s)
+            crate::input::rfc3339(s)
                 .map_err(|e| {
                     RequestError::invalid("user_created_at", format!("not RFC 3339: {e}"))
                 })?

@@ -20,11 +20,16 @@ pub struct ReloadAnswer {
 
 /// Reads and validates the rules folder and swaps it in. An invalid set is a 422 naming
 /// the file and line of its first error; the previous rules keep serving.
-#[utoipa::path(post, path = "/v1/admin/reload", responses(
-    (status = 200, body = ReloadAnswer),
-    (status = 401, body = ErrorBody),
-    (status = 422, body = ErrorBody)
-))]
+#[utoipa::path(post, path = "/v1/admin/reload",
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, body = ReloadAnswer, description = "the folder's rule set is serving"),
+        (status = 401, description = "admin token missing or wrong (or, without one, a non-loopback peer)", body = ErrorBody, headers(
+            ("WWW-Authenticate" = String, description = "`Bearer`"),
+        )),
+        (status = 422, description = "invalid rules (`invalid_rules`, with the `file` and `line` of the first error); the previous rules keep serving", body = ErrorBody),
+    )
+)]
 pub async fn reload(
     req: HttpRequest,
     state: web::Data<AppState>,

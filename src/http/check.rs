@@ -12,44 +12,192 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 use serde_json::Value;
-use utoipa::ToSchema;
+use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, SchemaFormat, Type};
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 
-use super::errors::ApiError;
+use super::errors::{ApiError, ErrorBody};
 use super::AppState;
 use crate::check::decision::{ceil_secs, CheckResponse, Decision, Reason};
+use crate::input::MAX_ID_LEN;
 
-/// `POST /v1/check` request body (documentation; the handler validates field by field).
+/// An id (`user_id`, `activity_id`, `idempotency_key`, an attribute value): a string of 1 to
+/// [`MAX_ID_LEN`] characters, or an integer (many backends keep numeric user ids; `10086`
+/// and `"10086"` are one user). Documentation of what `crate::input` reads.
+pub struct Id;
+
+impl PartialSchema for Id {
+    fn schema() -> RefOr<Schema> {
+        string_or_integer(Some(MAX_ID_LEN))
+    }
+}
+
+impl ToSchema for Id {}
+
+/// A device id: like [`Id`] but unbounded. A device id that fails the rule set's
+/// `[validation]` pattern, or is absurdly long, is forged: a silent deny, not a 400.
+pub struct DeviceId;
+
+impl PartialSchema for DeviceId {
+    fn schema() -> RefOr<Schema> {
+        string_or_integer(None)
+    }
+}
+
+impl ToSchema for DeviceId {}
+
+/// A string of 1 to `max_len` characters, or an integer in the range JSON numbers take
+/// without loss (`i64` and `u64`): the service refuses a fraction or a larger number.
+fn string_or_integer(max_len: Option<usize>) -> RefOr<Schema> {
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+                .max_length(max_len),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(isize::MIN))
+                .maximum(Some(usize::MAX)),
+        )
+        .into()
+}
+
+/// An IP address: IPv4 or IPv6 text (`::ffff:1.2.3.4` counts as `1.2.3.4`).
+pub struct IpText;
+
+impl PartialSchema for IpText {
+    fn schema() -> RefOr<Schema> {
+        let ip = |format: &str| {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .format(Some(SchemaFormat::Custom(format.into())))
+        };
+        OneOfBuilder::new().item(ip("ipv4")).item(ip("ipv6")).into()
+    }
+}
+
+impl ToSchema for IpText {}
+
+/// A request id: 1 to 64 of `[A-Za-z0-9_-]`, as `crate::input::request_id` takes it (a
+/// test holds the two together).
+pub struct RequestId;
+
+/// [`RequestId`]'s pattern.
+const REQUEST_ID_PATTERN: &str = "^[A-Za-z0-9_-]{1,64}$";
+
+impl PartialSchema for RequestId {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(REQUEST_ID_PATTERN))
+            .into()
+    }
+}
+
+impl ToSchema for RequestId {}
+
+/// `Retry-After`: whole seconds, at least 1.
+pub struct RetryAfterSeconds;
+
+impl PartialSchema for RetryAfterSeconds {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(1))
+            .into()
+    }
+}
+
+impl ToSchema for RetryAfterSeconds {}
+
+/// `RateLimit-Policy` as [`respond`] writes it.
+pub struct RateLimitPolicy;
+
+impl PartialSchema for RateLimitPolicy {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some("^\"[^\"]+\";q=[0-9]+;w=[0-9]+$"))
+            .into()
+    }
+}
+
+impl ToSchema for RateLimitPolicy {}
+
+/// `RateLimit` as [`respond`] writes it.
+pub struct RateLimitState;
+
+impl PartialSchema for RateLimitState {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some("^\"[^\"]+\";r=[0-9]+;t=[0-9]+$"))
+            .into()
+    }
+}
+
+impl ToSchema for RateLimitState {}
+
+// Documentation of what `check::request` reads field by field (the handler takes any JSON
+// and names the field it refuses).
+/// A `POST /v1/check` body. `/openapi.json` narrows it to the rule set in force: `scene`
+/// to its scenes, and per scene the dimensions it requires, `attrs` to the declared
+/// attributes.
 #[derive(Debug, Serialize, ToSchema)]
+// The service refuses a field this body does not name (a misspelt `dryRun` must not
+// record a real request): `additionalProperties: false`.
+#[serde(deny_unknown_fields)]
 pub struct CheckBody {
     /// A scene of the current rule set.
     pub scene: String,
-    /// 1-64 of `[A-Za-z0-9_-]`; a ULID is made when absent. The same id twice counts once.
+    /// A ULID is made when absent. The same id twice counts once.
+    #[schema(value_type = Option<RequestId>)]
     pub request_id: Option<String>,
+    #[schema(value_type = Option<Id>)]
     pub user_id: Option<String>,
+    #[schema(value_type = Option<DeviceId>)]
     pub device_id: Option<String>,
-    /// IPv4 or IPv6 text.
+    #[schema(value_type = Option<IpText>)]
     pub ip: Option<String>,
+    #[schema(value_type = Option<Id>)]
     pub activity_id: Option<String>,
-    /// Attributes declared in the rule set's `[attributes]` (string values matching
-    /// their patterns), usable as `attr.NAME` dimensions.
+    /// Attributes declared in the rule set's `[attributes]` (values matching their
+    /// patterns), usable as `attr.NAME` dimensions.
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Id>>)]
     pub attrs: Option<std::collections::BTreeMap<String, String>>,
-    /// A retry with the same key consumes no further quota.
+    /// A retry with the same key consumes no further quota (`duplicate_of` names the
+    /// first request).
+    #[schema(value_type = Option<Id>)]
     pub idempotency_key: Option<String>,
-    /// RFC 3339.
+    /// When absent, the first time the service saw the user stands in (for
+    /// `new_account`).
+    #[schema(format = DateTime)]
     pub user_created_at: Option<String>,
     /// Decide, but record nothing.
     pub dry_run: Option<bool>,
 }
 
-/// `POST /v1/refund` request body.
+/// `POST /v1/refund` request body: the check's scene, request id and dimension values
+/// (they name the keys the request counted in). Other fields are ignored. `/openapi.json`
+/// narrows it to the rule set in force, as [`CheckBody`].
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RefundBody {
     pub scene: String,
+    #[schema(value_type = RequestId)]
     pub request_id: String,
+    #[schema(value_type = Option<Id>)]
     pub user_id: Option<String>,
+    #[schema(value_type = Option<DeviceId>)]
     pub device_id: Option<String>,
+    #[schema(value_type = Option<IpText>)]
     pub ip: Option<String>,
+    #[schema(value_type = Option<Id>)]
     pub activity_id: Option<String>,
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Id>>)]
+    pub attrs: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// `POST /v1/refund` answer.
@@ -62,14 +210,23 @@ pub struct RefundAnswer {
 /// Decide one action.
 #[utoipa::path(
     post, path = "/v1/check", request_body = CheckBody,
+    security(("check_token" = [])),
     responses(
-        (status = 200, description = "allow or silent_deny", body = CheckResponse),
-        (status = 429, description = "friendly_deny by a business limit or the gateway", body = CheckResponse),
-        (status = 503, description = "friendly_deny: store unavailable and the scene fails closed", body = CheckResponse),
-        (status = 400, description = "invalid request", body = super::errors::ErrorBody),
-        (status = 401, description = "check token missing or wrong", body = super::errors::ErrorBody),
-        (status = 413, description = "body over 64 KiB", body = super::errors::ErrorBody),
-        (status = 415, description = "not JSON", body = super::errors::ErrorBody),
+        (status = 200, description = "allow, or silent_deny (nothing on the wire tells the two apart; only the body's `decision` does)", body = CheckResponse),
+        (status = 429, description = "friendly_deny by a business limit or the scene's gateway bucket", body = CheckResponse, headers(
+            ("Retry-After" = RetryAfterSeconds, description = "whole seconds until every exceeded limit admits again, at least 1"),
+            ("RateLimit-Policy" = RateLimitPolicy, description = "the limit that denied (IETF httpapi draft): `\"name\";q=QUOTA;w=WINDOW_S`"),
+            ("RateLimit" = RateLimitState, description = "its state: `\"name\";r=REMAINING;t=RESET_S`"),
+        )),
+        (status = 503, description = "friendly_deny: the store cannot answer and the scene fails closed (`reason: store_unavailable`)", body = CheckResponse, headers(
+            ("Retry-After" = RetryAfterSeconds, description = "whole seconds, at least 1"),
+        )),
+        (status = 400, description = "invalid request: `invalid_json`, `unknown_scene`, `missing_dimension`, `invalid_field` (`field` names it)", body = ErrorBody),
+        (status = 401, description = "check token missing or wrong (only when the service has a check token)", body = ErrorBody, headers(
+            ("WWW-Authenticate" = String, description = "`Bearer`"),
+        )),
+        (status = 413, description = "body over 64 KiB", body = ErrorBody),
+        (status = 415, description = "the body is not `application/json`", body = ErrorBody),
     )
 )]
 pub async fn check(
@@ -89,14 +246,21 @@ pub async fn check(
     Ok(respond(&resp))
 }
 
-/// Give back a request's quota.
+/// Give back a request's quota in every key it counted in (admin).
 #[utoipa::path(
     post, path = "/v1/refund", request_body = RefundBody,
+    security(("admin_token" = [])),
     responses(
-        (status = 200, body = RefundAnswer),
-        (status = 400, body = super::errors::ErrorBody),
-        (status = 401, description = "admin token missing or wrong (or, without one, a non-loopback peer)", body = super::errors::ErrorBody),
-        (status = 503, description = "store unavailable", body = super::errors::ErrorBody),
+        (status = 200, body = RefundAnswer, description = "the request's quota is given back (or there was none to give back: `refunded: false`)"),
+        (status = 400, description = "invalid request (`field` names it)", body = ErrorBody),
+        (status = 401, description = "admin token missing or wrong (or, without one, a non-loopback peer)", body = ErrorBody, headers(
+            ("WWW-Authenticate" = String, description = "`Bearer`"),
+        )),
+        (status = 413, description = "body over 64 KiB", body = ErrorBody),
+        (status = 415, description = "the body is not `application/json`", body = ErrorBody),
+        (status = 503, description = "the store cannot answer; nothing was refunded", body = ErrorBody, headers(
+            ("Retry-After" = RetryAfterSeconds, description = "whole seconds, at least 1"),
+        )),
     )
 )]
 pub async fn refund(
@@ -186,6 +350,28 @@ mod tests {
         let mut names: Vec<String> = headers.keys().map(|k| k.as_str().to_string()).collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn the_documented_request_id_pattern_is_the_one_the_service_checks() {
+        let pattern = regex::Regex::new(REQUEST_ID_PATTERN).unwrap();
+        let long = "a".repeat(64);
+        let too_long = "a".repeat(65);
+        for id in [
+            "01JX",
+            "a_b-C9",
+            &long,
+            &too_long,
+            "",
+            "has space",
+            "ü",
+            "a:b",
+            "a\nb",
+        ] {
+            let body = serde_json::json!({ "request_id": id });
+            let taken = crate::input::request_id(body.as_object().unwrap(), 0).is_ok();
+            assert_eq!(pattern.is_match(id), taken, "{id:?}");
+        }
     }
 
     #[test]

@@ -46,15 +46,46 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// Every `error.code` the API answers: an enum, so the OpenAPI document lists exactly
+/// the codes a client may meet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    InvalidJson,
+    UnknownScene,
+    MissingDimension,
+    InvalidField,
+    Unauthorized,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    NotFound,
+    MethodNotAllowed,
+    StoreUnavailable,
+    JournalUnavailable,
+    InvalidRules,
+    Internal,
+}
+
+impl ErrorCode {
+    /// The code of a request error. `RequestError::code` spells the same names for the
+    /// simulator's report (a test keeps the two in step).
+    fn of_request(e: &RequestError) -> ErrorCode {
+        match e {
+            RequestError::InvalidJson(_) => ErrorCode::InvalidJson,
+            RequestError::UnknownScene(_) => ErrorCode::UnknownScene,
+            RequestError::MissingDimension { .. } => ErrorCode::MissingDimension,
+            RequestError::InvalidField { .. } => ErrorCode::InvalidField,
+        }
+    }
+}
+
 /// The error body's inner object.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
-    /// `invalid_json`, `unknown_scene`, `missing_dimension`, `invalid_field`,
-    /// `unauthorized`, `payload_too_large`, `unsupported_media_type`, `not_found`,
-    /// `method_not_allowed`,
-    /// `store_unavailable`, `journal_unavailable`, `invalid_rules`, `internal`.
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
+    /// The request field the error is about (`events[3].user_id`), or null.
+    #[schema(required = true)]
     pub field: Option<String>,
     /// `invalid_rules`: the rule file of the first error.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -71,20 +102,20 @@ pub struct ErrorBody {
 }
 
 impl ApiError {
-    fn code(&self) -> &'static str {
+    fn code(&self) -> ErrorCode {
         match self {
             ApiError::Request(e) | ApiError::Events(EventsError::Invalid { source: e, .. }) => {
-                e.code()
+                ErrorCode::of_request(e)
             }
-            ApiError::Events(EventsError::Journal(_)) => "journal_unavailable",
-            ApiError::PayloadTooLarge { .. } => "payload_too_large",
-            ApiError::UnsupportedMediaType => "unsupported_media_type",
-            ApiError::Unauthorized | ApiError::BrowserUnauthorized => "unauthorized",
-            ApiError::NotFound => "not_found",
-            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
-            ApiError::StoreUnavailable(_) => "store_unavailable",
-            ApiError::InvalidRules(_) => "invalid_rules",
-            ApiError::Internal(_) => "internal",
+            ApiError::Events(EventsError::Journal(_)) => ErrorCode::JournalUnavailable,
+            ApiError::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            ApiError::UnsupportedMediaType => ErrorCode::UnsupportedMediaType,
+            ApiError::Unauthorized | ApiError::BrowserUnauthorized => ErrorCode::Unauthorized,
+            ApiError::NotFound => ErrorCode::NotFound,
+            ApiError::MethodNotAllowed { .. } => ErrorCode::MethodNotAllowed,
+            ApiError::StoreUnavailable(_) => ErrorCode::StoreUnavailable,
+            ApiError::InvalidRules(_) => ErrorCode::InvalidRules,
+            ApiError::Internal(_) => ErrorCode::Internal,
         }
     }
 
@@ -178,7 +209,7 @@ mod tests {
             },
         });
         assert_eq!(invalid.status_code(), StatusCode::BAD_REQUEST);
-        assert_eq!(invalid.code(), "missing_dimension");
+        assert_eq!(invalid.code(), ErrorCode::MissingDimension);
         assert_eq!(invalid.field().as_deref(), Some("events[3].user_id"));
 
         let journal = ApiError::from(EventsError::Journal(JournalError {
@@ -186,10 +217,26 @@ mod tests {
             message: "flush: disk full".into(),
         }));
         assert_eq!(journal.status_code(), StatusCode::INTERNAL_SERVER_ERROR);
-        assert_eq!(journal.code(), "journal_unavailable");
+        assert_eq!(journal.code(), ErrorCode::JournalUnavailable);
         assert!(
             journal.to_string().contains("/var/lib/vigia/events"),
             "{journal}"
         );
+    }
+
+    #[test]
+    fn request_error_codes_are_spelt_as_the_simulator_spells_them() {
+        for e in [
+            RequestError::InvalidJson("x".into()),
+            RequestError::UnknownScene("s".into()),
+            RequestError::MissingDimension {
+                field: "user_id".into(),
+                scene: "s".into(),
+            },
+            RequestError::invalid("ip", "bad"),
+        ] {
+            let wire = serde_json::to_value(ErrorCode::of_request(&e)).unwrap();
+            assert_eq!(wire, e.code(), "{e:?}");
+        }
     }
 }

@@ -7,44 +7,111 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::errors::ApiError;
+use super::check::{DeviceId, Id, IpText, RequestId};
+use super::errors::{ApiError, ErrorBody};
 use super::AppState;
 use crate::clock::rfc3339;
-use crate::input::{RequestError, MAX_ID_LEN};
+use crate::input::{too_long, RequestError, MAX_ID_LEN};
+use crate::trust::event::EventKind;
 use crate::trust::{Award, IngestReport, TrustView};
 
 /// The largest body `/v1/events` reads: a full batch of 1000 rollbacks carrying their
 /// dimension values fits with room to spare.
 pub const MAX_EVENTS_BODY: usize = 1024 * 1024;
 
-/// One event of `POST /v1/events` (documentation; the handler validates field by field).
-/// The body is one such object, or `{"events": [...]}` with 1 to 1000 of them.
+// Documentation of what `crate::trust::event` reads field by field.
+/// `payment_succeeded` or `identity_verified`: trust points for a user. Other fields are
+/// ignored.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct EventBody {
-    /// 1-128 bytes; an id seen before is counted once.
+pub struct AwardEvent {
+    /// An id seen before is counted once.
+    #[schema(min_length = 1, max_length = 128)]
     pub event_id: String,
-    /// `payment_succeeded`, `identity_verified` or `benefit_rolled_back`.
     #[serde(rename = "type")]
-    pub kind: String,
-    /// String or integer; required for the two trust types.
-    pub user_id: Option<String>,
-    /// RFC 3339.
+    #[schema(schema_with = award_kinds)]
+    pub kind: EventKind,
+    #[schema(value_type = Id)]
+    pub user_id: String,
+    #[schema(format = DateTime)]
     pub occurred_at: String,
-    /// `benefit_rolled_back`: the scene of the check to refund.
-    pub scene: Option<String>,
-    /// `benefit_rolled_back`: the request to refund (with the check's dimension values).
-    pub request_id: Option<String>,
+}
+
+/// `benefit_rolled_back`: refunds a check's quota, named as `POST /v1/refund` names it
+/// (scene, request id, the check's dimension values). `/openapi.json` narrows it to the
+/// rule set in force.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RollbackEvent {
+    /// An id seen before is counted once.
+    #[schema(min_length = 1, max_length = 128)]
+    pub event_id: String,
+    #[serde(rename = "type")]
+    #[schema(schema_with = rollback_kind)]
+    pub kind: EventKind,
+    #[schema(value_type = Option<Id>)]
+    pub user_id: Option<String>,
+    #[schema(format = DateTime)]
+    pub occurred_at: String,
+    pub scene: String,
+    #[schema(value_type = RequestId)]
+    pub request_id: String,
+    #[schema(value_type = Option<DeviceId>)]
+    pub device_id: Option<String>,
+    #[schema(value_type = Option<IpText>)]
+    pub ip: Option<String>,
+    #[schema(value_type = Option<Id>)]
+    pub activity_id: Option<String>,
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Id>>)]
+    pub attrs: Option<std::collections::BTreeMap<String, String>>,
+}
+
+fn kinds(kinds: &[EventKind]) -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some(kinds.iter().map(|k| k.name())))
+        .build()
+}
+
+fn award_kinds() -> utoipa::openapi::Object {
+    kinds(&EventKind::AWARDS)
+}
+
+fn rollback_kind() -> utoipa::openapi::Object {
+    kinds(&[EventKind::BenefitRolledBack])
+}
+
+/// One event: the `type` tells which.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum EventBody {
+    Award(AwardEvent),
+    Rollback(RollbackEvent),
+}
+
+/// A batch: refused whole when one event is invalid. It holds `events` only.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EventBatch {
+    #[schema(min_items = 1, max_items = 1000)]
+    pub events: Vec<EventBody>,
+}
+
+/// The body of `POST /v1/events`: one event, or `{"events": [...]}`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum EventsBody {
+    One(Box<EventBody>),
+    Batch(EventBatch),
 }
 
 /// One unexpired award.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AwardAnswer {
     pub event_id: String,
-    /// `payment_succeeded` or `identity_verified`.
     #[serde(rename = "type")]
+    #[schema(schema_with = award_kinds)]
     pub kind: &'static str,
     pub points: u32,
-    /// RFC 3339.
+    #[schema(format = DateTime)]
     pub expires_at: String,
 }
 
@@ -59,7 +126,8 @@ pub struct TrustAnswer {
     pub max_points: u32,
     /// Oldest expiry first.
     pub awards: Vec<AwardAnswer>,
-    /// RFC 3339; null when the service never saw the user in a check.
+    /// Null when the service never saw the user in a check.
+    #[schema(format = DateTime, required = true)]
     pub first_seen: Option<String>,
     /// Events this node accepted and has not applied yet (all users): non-zero while the
     /// store is down.
@@ -89,15 +157,19 @@ impl From<TrustView> for TrustAnswer {
     }
 }
 
-/// Take trust events; 202 once they are durable.
+/// Take trust events (admin); 202 once they are durable.
 #[utoipa::path(
-    post, path = "/v1/events", request_body = EventBody,
+    post, path = "/v1/events", request_body = EventsBody,
+    security(("admin_token" = [])),
     responses(
         (status = 202, description = "journaled durably (applied now, or as soon as the store answers)", body = IngestReport),
-        (status = 400, description = "an invalid event: the whole body is refused; `field` names it (`events[3].user_id`)", body = super::errors::ErrorBody),
-        (status = 401, description = "admin token missing or wrong (or, without one, a non-loopback peer)", body = super::errors::ErrorBody),
-        (status = 413, description = "body over 1 MiB", body = super::errors::ErrorBody),
-        (status = 500, description = "the journal cannot write: nothing was taken", body = super::errors::ErrorBody),
+        (status = 400, description = "an invalid event: the whole body is refused; `field` names it (`events[3].user_id`)", body = ErrorBody),
+        (status = 401, description = "admin token missing or wrong (or, without one, a non-loopback peer)", body = ErrorBody, headers(
+            ("WWW-Authenticate" = String, description = "`Bearer`"),
+        )),
+        (status = 413, description = "body over 1 MiB", body = ErrorBody),
+        (status = 415, description = "the body is not `application/json`", body = ErrorBody),
+        (status = 500, description = "the journal cannot write (`journal_unavailable`): nothing was taken", body = ErrorBody),
     )
 )]
 pub async fn ingest(
@@ -114,15 +186,20 @@ pub async fn ingest(
     Ok(HttpResponse::Accepted().json(report))
 }
 
-/// A user's trust points, awards and first sighting.
+/// A user's trust points, awards and first sighting (admin).
 #[utoipa::path(
     get, path = "/v1/trust/{user_id}",
-    params(("user_id" = String, Path, description = "as in checks and events (1-128 bytes)")),
+    security(("admin_token" = [])),
+    params(("user_id" = String, Path, min_length = 1, max_length = 128, description = "as in checks and events")),
     responses(
-        (status = 200, body = TrustAnswer),
-        (status = 400, body = super::errors::ErrorBody),
-        (status = 401, description = "admin token missing or wrong (or, without one, a non-loopback peer)", body = super::errors::ErrorBody),
-        (status = 503, description = "the trust ledger cannot answer", body = super::errors::ErrorBody),
+        (status = 200, body = TrustAnswer, description = "the user's trust (zero points for a user never seen)"),
+        (status = 400, description = "`user_id` longer than 128 characters", body = ErrorBody),
+        (status = 401, description = "admin token missing or wrong (or, without one, a non-loopback peer)", body = ErrorBody, headers(
+            ("WWW-Authenticate" = String, description = "`Bearer`"),
+        )),
+        (status = 503, description = "the trust ledger cannot answer", body = ErrorBody, headers(
+            ("Retry-After" = super::check::RetryAfterSeconds, description = "whole seconds, at least 1"),
+        )),
     )
 )]
 pub async fn trust(
@@ -132,10 +209,10 @@ pub async fn trust(
 ) -> Result<HttpResponse, ApiError> {
     super::auth::require_admin(&req, &state.auth.admin_token)?;
     let user_id = user_id.into_inner();
-    if user_id.is_empty() || user_id.len() > MAX_ID_LEN {
+    if user_id.is_empty() || too_long(&user_id) {
         return Err(RequestError::InvalidField {
             field: "user_id".into(),
-            message: format!("must be 1-{MAX_ID_LEN} bytes"),
+            message: format!("must be 1-{MAX_ID_LEN} characters"),
         }
         .into());
     }

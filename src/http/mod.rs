@@ -72,13 +72,18 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/admin/ops"),
 ];
 
-/// The OpenAPI document.
+mod openapi;
+use openapi::SecuritySchemes;
+
+/// The OpenAPI document, derived from the handlers' `#[utoipa::path]` and the body types;
+/// [`openapi_document`] completes it for the rule set in force.
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "vigia",
         description = "Multi-dimensional rate limiting and risk scoring for marketing APIs."
     ),
+    modifiers(&SecuritySchemes),
     paths(
         check::check,
         check::refund,
@@ -99,16 +104,30 @@ pub const ROUTES: &[(&str, &str)] = &[
         crate::check::decision::LimitReport,
         crate::check::decision::SignalReport,
         crate::check::decision::TrustReport,
+        crate::rules::Layer,
         check::CheckBody,
         check::RefundBody,
         check::RefundAnswer,
+        check::Id,
+        check::DeviceId,
+        check::IpText,
+        check::RequestId,
+        check::RetryAfterSeconds,
+        check::RateLimitPolicy,
+        check::RateLimitState,
         errors::ErrorBody,
         errors::ErrorDetail,
+        errors::ErrorCode,
         ops::Ready,
         ops::Health,
         ops::RulesInfo,
         ops::RulesError,
+        events::EventsBody,
         events::EventBody,
+        events::EventBatch,
+        events::AwardEvent,
+        events::RollbackEvent,
+        crate::trust::event::EventKind,
         events::AwardAnswer,
         events::TrustAnswer,
         crate::trust::IngestReport,
@@ -126,33 +145,14 @@ pub const ROUTES: &[(&str, &str)] = &[
 pub struct ApiDoc;
 
 /// The OpenAPI document served at `/openapi.json`: [`ApiDoc`], plus the 405 (with its
-/// `Allow` header) every route answers to another method (see [`route`]), documented once
-/// here rather than on each handler.
-pub fn openapi_document() -> serde_json::Value {
+/// `Allow` header) every route answers to another method (see [`route`]), and the request
+/// bodies narrowed to `rules` (see [`openapi::narrow_to_rules`]).
+pub fn openapi_document(rules: &crate::rules::RuleSet) -> serde_json::Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
-    let not_allowed = serde_json::json!({
-        "description": "the route exists, not for this method",
-        "headers": {"Allow": {"description": "the method the route answers", "schema": {"type": "string"}}},
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
-    });
-    if let Some(paths) = doc
-        .get_mut("paths")
-        .and_then(serde_json::Value::as_object_mut)
-    {
-        for ops in paths
-            .values_mut()
-            .filter_map(serde_json::Value::as_object_mut)
-        {
-            for op in ops.values_mut() {
-                if let Some(responses) = op
-                    .get_mut("responses")
-                    .and_then(serde_json::Value::as_object_mut)
-                {
-                    responses.insert("405".into(), not_allowed.clone());
-                }
-            }
-        }
-    }
+    openapi::add_method_not_allowed(&mut doc);
+    openapi::require_documented_headers(&mut doc);
+    openapi::forbid_events_in_single_events(&mut doc);
+    openapi::narrow_to_rules(&mut doc, rules);
     doc
 }
 

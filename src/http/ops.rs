@@ -9,7 +9,15 @@ use super::AppState;
 /// `GET /healthz`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
+    #[schema(schema_with = ok)]
     pub status: &'static str,
+}
+
+fn ok() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some(["ok"]))
+        .build()
 }
 
 /// `GET /readyz`.
@@ -17,6 +25,7 @@ pub struct Health {
 pub struct Ready {
     pub ready: bool,
     pub rules_version: String,
+    /// The store backend: `embedded`, `redis` or `redis_cluster`.
     pub store: &'static str,
     /// What is wrong, when not ready.
     pub problems: Vec<String>,
@@ -29,19 +38,25 @@ pub use crate::rules::RulesError;
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RulesInfo {
     pub version: String,
+    #[schema(format = DateTime)]
     pub loaded_at: String,
     pub scenes: Vec<String>,
+    /// The last load that failed, while the previous rules keep serving; else null.
+    #[schema(required = true)]
     pub last_error: Option<RulesError>,
 }
 
 /// 200 while the process runs.
-#[utoipa::path(get, path = "/healthz", responses((status = 200, body = Health)))]
+#[utoipa::path(get, path = "/healthz", responses((status = 200, body = Health, description = "the process runs")))]
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(Health { status: "ok" })
 }
 
 /// 200 when rules are loaded and the store answers; 503 with what is wrong otherwise.
-#[utoipa::path(get, path = "/readyz", responses((status = 200, body = Ready), (status = 503, body = Ready)))]
+#[utoipa::path(get, path = "/readyz", responses(
+    (status = 200, body = Ready, description = "rules loaded and the store answers"),
+    (status = 503, body = Ready, description = "not ready: `problems` says what is wrong"),
+))]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let rules = state.rules.current();
     let store = state.checker.store();
@@ -63,7 +78,7 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
 }
 
 /// Prometheus text exposition.
-#[utoipa::path(get, path = "/metrics", responses((status = 200, content_type = "text/plain", body = String)))]
+#[utoipa::path(get, path = "/metrics", responses((status = 200, content_type = "text/plain", body = String, description = "Prometheus text exposition format 0.0.4")))]
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
@@ -71,7 +86,7 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
 }
 
 /// The rule set in force.
-#[utoipa::path(get, path = "/v1/rules", responses((status = 200, body = RulesInfo)))]
+#[utoipa::path(get, path = "/v1/rules", responses((status = 200, body = RulesInfo, description = "the version serving, its scenes and the last failed load")))]
 pub async fn rules(state: web::Data<AppState>) -> HttpResponse {
     let rules = state.rules.current();
     HttpResponse::Ok().json(RulesInfo {
@@ -83,7 +98,7 @@ pub async fn rules(state: web::Data<AppState>) -> HttpResponse {
 }
 
 /// This API as OpenAPI 3.
-#[utoipa::path(get, path = "/openapi.json", responses((status = 200, body = Object)))]
-pub async fn openapi() -> HttpResponse {
-    HttpResponse::Ok().json(super::openapi_document())
+#[utoipa::path(get, path = "/openapi.json", responses((status = 200, body = Object, description = "OpenAPI 3.1, narrowed to the rule set in force (its scenes and attributes)")))]
+pub async fn openapi(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(super::openapi_document(&state.rules.current()))
 }

@@ -168,7 +168,11 @@ impl Algorithm {
 }
 
 /// Which answer a tripped limit gives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, utoipa::ToSchema,
+)]
+// The wire names are `Layer::name`'s (a test in `check::decision` holds them together).
+#[serde(rename_all = "snake_case")]
 pub enum Layer {
     /// The scene's in-process gateway bucket: protects the service itself.
     Resource,

@@ -1,24 +1,27 @@
 //! `POST /v1/events` bodies: one event object, or `{"events": [...]}` with 1 to
 //! [`MAX_BATCH`] events, become typed [`Event`]s or an error naming the field
 //! (`events[3].user_id`). Nothing is half-accepted: the first invalid event refuses the
-//! whole body. Unknown extra fields are ignored (a `benefit_rolled_back` carries the
-//! check's dimension values, which the refund parser reads from the same object).
+//! whole body. A batch body holds `events` only; in an event, unknown extra fields are
+//! ignored (a `benefit_rolled_back` carries the check's dimension values, which the refund
+//! parser reads from the same object).
 
-use chrono::DateTime;
 use serde_json::{Map, Value};
 
-use crate::input::{RequestError, MAX_ID_LEN};
+use crate::input::{integer_text, too_long, RequestError, MAX_ID_LEN};
 
 /// Most events one request may carry: a backlog replays in batches, and a batch is one
 /// sled transaction held in memory until it commits.
 pub const MAX_BATCH: usize = 1000;
 
-/// Longest event id, in bytes.
+/// Longest event id, in characters.
 pub const MAX_EVENT_ID_LEN: usize = 128;
 
-/// What happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// What happened: an event's `type`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
+#[schema(as = EventType)]
 pub enum EventKind {
     PaymentSucceeded,
     IdentityVerified,
@@ -34,6 +37,9 @@ impl EventKind {
             EventKind::BenefitRolledBack => "benefit_rolled_back",
         }
     }
+
+    /// The kinds that award trust points (the others carry no user's points).
+    pub const AWARDS: [EventKind; 2] = [EventKind::PaymentSucceeded, EventKind::IdentityVerified];
 
     fn from_name(s: &str) -> Option<EventKind> {
         match s {
@@ -91,6 +97,15 @@ pub fn parse_body(body: &Value) -> Result<Vec<Event<'_>>, Invalid> {
     let Some(events) = obj.get("events") else {
         return Ok(vec![parse_event(String::new(), body)?]);
     };
+    // A body that is a batch and looks like an event too is refused, not read as the batch
+    // alone: the event would be dropped without a word.
+    if let Some(other) = obj.keys().find(|k| *k != "events") {
+        return Err(invalid(
+            "",
+            &crate::input::truncate(other),
+            "a batch body holds `events` only",
+        ));
+    }
     let Value::Array(events) = events else {
         return Err(invalid("", "events", "must be an array of events"));
     };
@@ -159,10 +174,13 @@ fn event_id(at: &str, obj: &Map<String, Value>) -> Result<String, Invalid> {
     match obj.get("event_id") {
         None | Some(Value::Null) => Err(invalid(at, "event_id", "is required")),
         Some(Value::String(s)) if s.is_empty() => Err(invalid(at, "event_id", "must not be empty")),
-        Some(Value::String(s)) if s.len() > MAX_EVENT_ID_LEN => Err(invalid(
+        Some(Value::String(s)) if s.chars().nth(MAX_EVENT_ID_LEN).is_some() => Err(invalid(
             at,
             "event_id",
-            format!("is {} bytes; at most {MAX_EVENT_ID_LEN}", s.len()),
+            format!(
+                "is {} characters; at most {MAX_EVENT_ID_LEN}",
+                s.chars().count()
+            ),
         )),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(_) => Err(invalid(at, "event_id", "must be a string")),
@@ -174,17 +192,18 @@ fn user_id(at: &str, obj: &Map<String, Value>) -> Result<Option<String>, Invalid
     let s = match obj.get("user_id") {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
+        Some(Value::Number(n)) => integer_text(n)
+            .ok_or_else(|| invalid(at, "user_id", "must be a string or an integer"))?,
         Some(_) => return Err(invalid(at, "user_id", "must be a string or an integer")),
     };
     if s.is_empty() {
         return Err(invalid(at, "user_id", "must not be empty"));
     }
-    if s.len() > MAX_ID_LEN {
+    if too_long(&s) {
         return Err(invalid(
             at,
             "user_id",
-            format!("is {} bytes; at most {MAX_ID_LEN}", s.len()),
+            format!("is {} characters; at most {MAX_ID_LEN}", s.chars().count()),
         ));
     }
     Ok(Some(s))
@@ -193,7 +212,7 @@ fn user_id(at: &str, obj: &Map<String, Value>) -> Result<Option<String>, Invalid
 fn occurred_at(at: &str, obj: &Map<String, Value>) -> Result<u64, Invalid> {
     match obj.get("occurred_at") {
         None | Some(Value::Null) => Err(invalid(at, "occurred_at", "is required")),
-        Some(Value::String(s)) => DateTime::parse_from_rfc3339(s)
+        Some(Value::String(s)) => crate::input::rfc3339(s)
             .map(|t| u64::try_from(t.timestamp_millis()).unwrap_or(0))
             .map_err(|e| invalid(at, "occurred_at", format!("is not RFC 3339: {e}"))),
         Some(_) => Err(invalid(at, "occurred_at", "must be an RFC 3339 string")),

@@ -420,6 +420,58 @@ on_both_backends!(
 );
 
 #[actix_web::test]
+async fn a_batch_that_also_looks_like_an_event_is_refused_whole() {
+    let app = app(Backend::Embedded).await;
+    // Read as the batch alone, the payment of u2 would be dropped without a word.
+    let mut both = pay("e2", "u2");
+    both["events"] = json!([pay("e1", "u1")]);
+    let (status, b) = post_events(&app, &both).await;
+    assert_eq!(status, 400, "{b}");
+    assert_eq!(b["error"]["code"], "invalid_field");
+    let field = b["error"]["field"].as_str().unwrap_or("");
+    assert!(
+        ["event_id", "type", "user_id", "occurred_at"].contains(&field),
+        "{b}"
+    );
+    assert_eq!(raw_points(&app, "u1").await, 0);
+    assert_eq!(raw_points(&app, "u2").await, 0);
+}
+
+#[actix_web::test]
+async fn an_event_user_id_may_be_an_integral_number_in_any_notation() {
+    let app = app(Backend::Embedded).await;
+    let mut e = pay("e1", "x");
+    e["user_id"] = json!(10086.0);
+    let (status, b) = post_events(&app, &e).await;
+    assert_eq!(status, 202, "{b}");
+    assert_eq!(raw_points(&app, "10086").await, 1);
+    e["event_id"] = json!("e2");
+    e["user_id"] = json!(10086.5);
+    let (status, b) = post_events(&app, &e).await;
+    assert_eq!(
+        (status, b["error"]["field"].as_str()),
+        (400, Some("user_id")),
+        "{b}"
+    );
+}
+
+#[actix_web::test]
+async fn occurred_at_is_an_rfc_3339_date_time_with_a_t() {
+    let app = app(Backend::Embedded).await;
+    let mut e = pay("e1", "u1");
+    e["occurred_at"] = json!(rfc3339(now_ms()).replace('T', " "));
+    let (status, b) = post_events(&app, &e).await;
+    assert_eq!(
+        (status, b["error"]["field"].as_str()),
+        (400, Some("occurred_at")),
+        "{b}"
+    );
+    e["occurred_at"] = json!(rfc3339(now_ms()));
+    let (status, b) = post_events(&app, &e).await;
+    assert_eq!(status, 202, "{b}");
+}
+
+#[actix_web::test]
 async fn more_than_1000_events_are_refused() {
     let app = app(Backend::Redis).await;
     let many = |n: usize| -> Value {

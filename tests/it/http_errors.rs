@@ -61,6 +61,12 @@ async fn each_error_names_its_code_and_field() {
         (without("ip"), "missing_dimension", json!("ip")),
         (with("ip", json!("999.1.1.1")), "invalid_field", json!("ip")),
         (with("ip", json!(42)), "invalid_field", json!("ip")),
+        // Exactly the address, as the document's ipv4/ipv6 formats say.
+        (
+            with("ip", json!(" 192.0.2.10")),
+            "invalid_field",
+            json!("ip"),
+        ),
         (
             with("request_id", json!("has space")),
             "invalid_field",
@@ -93,6 +99,12 @@ async fn each_error_names_its_code_and_field() {
         ),
         (
             with("user_created_at", json!("yesterday")),
+            "invalid_field",
+            json!("user_created_at"),
+        ),
+        // RFC 3339's date-time (the document's format) has a T between date and time.
+        (
+            with("user_created_at", json!("2026-01-02 03:04:05Z")),
             "invalid_field",
             json!("user_created_at"),
         ),
@@ -260,4 +272,68 @@ async fn a_wrong_method_on_a_route_is_405_naming_the_allowed_one() {
     assert_eq!(resp.status(), 404);
     // And the right method still reaches the route.
     assert_eq!(app.check(body("u")).await.0, 200);
+}
+
+/// POSTs a check written as raw JSON text (numbers exactly as a client wrote them).
+async fn check_text(app: &TestApp, text: &str) -> (u16, Value) {
+    let resp = app
+        .client
+        .post(format!("{}/v1/check", app.base))
+        .header("content-type", "application/json")
+        .body(text.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap())
+}
+
+#[actix_web::test]
+async fn an_integral_number_is_the_same_id_however_it_is_written() {
+    let app = rules_app().await;
+    let with_user = |user: &str| {
+        format!(
+            r#"{{"scene": "s", "user_id": {user}, "device_id": "device-0001", "ip": "192.0.2.10"}}"#
+        )
+    };
+    // JSON has one number type: 10086.0 and 1.0086e4 are the integer 10086, the same user.
+    for (n, user) in [("10086", 1), ("10086.0", 2), ("1.0086e4", 3)] {
+        let (status, r) = check_text(&app, &with_user(n)).await;
+        assert_eq!(status, 200, "{n}: {r}");
+        assert_eq!(r["limits"][0]["key"], "lt:s:uid:10086", "{n}");
+        assert_eq!(r["limits"][0]["count"], user, "{n}");
+    }
+    // Read exactly, however many digits (2^51 - 1 is where an inexact parser slips).
+    let (status, r) = check_text(&app, &with_user("2251799813685247.0")).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["limits"][0]["key"], "lt:s:uid:2251799813685247");
+    // A fraction, or an integer past i64/u64 (which a float would round into range), is
+    // no id.
+    for n in ["10086.5", "-9223372036854775809", "18446744073709551616"] {
+        let (status, r) = check_text(&app, &with_user(n)).await;
+        assert_eq!(
+            (status, r["error"]["field"].as_str()),
+            (400, Some("user_id")),
+            "{n}: {r}"
+        );
+    }
+    let (status, r) = check_text(&app, &with_user("18446744073709551615")).await;
+    assert_eq!(status, 200, "{r}");
+}
+
+#[actix_web::test]
+async fn ids_are_bounded_in_characters_as_the_api_document_says() {
+    let app = rules_app().await;
+    // 128 two-byte characters: 256 bytes, within the documented maxLength of 128.
+    let (status, r) = app.check(body(&"ü".repeat(128))).await;
+    assert_eq!(status, 200, "{r}");
+    let (status, r) = app.check(body(&"ü".repeat(129))).await;
+    assert_eq!(
+        (status, r["error"]["field"].as_str()),
+        (400, Some("user_id")),
+        "{r}"
+    );
+    let doc: Value = app.get("/openapi.json").await.json().await.unwrap();
+    let id = &doc["components"]["schemas"]["Id"]["oneOf"][0];
+    assert_eq!(id["maxLength"], 128, "{id}");
 }

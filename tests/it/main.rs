@@ -14,6 +14,7 @@ mod faults;
 mod http_check;
 mod http_errors;
 mod logging;
+mod openapi;
 mod ops;
 mod ops_data;
 mod ops_page;
