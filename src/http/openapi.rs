@@ -16,7 +16,8 @@ use utoipa::Modify;
 use crate::rules::{Dimension, RuleSet, Scene};
 
 /// The two bearer tokens of `[auth]`: `check_token` for `/v1/check`, `admin_token` for
-/// the admin surface. Each operation names the one it needs.
+/// the admin surface; and, for the ops page a browser opens, the admin token as a Basic
+/// password. Each operation names the ones it takes.
 pub struct SecuritySchemes;
 
 impl Modify for SecuritySchemes {
@@ -33,6 +34,17 @@ impl Modify for SecuritySchemes {
         components.add_security_scheme(
             "check_token",
             bearer("`[auth].check_token`; when the service has none, /v1/check needs no token"),
+        );
+        components.add_security_scheme(
+            "admin_basic",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Basic)
+                    .description(Some(
+                        "the ops page and its data only: any user name, `[auth].admin_token` as the password (what a browser sends after asking)",
+                    ))
+                    .build(),
+            ),
         );
         components.add_security_scheme(
             "admin_token",

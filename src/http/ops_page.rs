@@ -57,10 +57,18 @@ pub struct OpsView {
 
 /// The ops page (HTML). A browser without credentials is asked for them: any user
 /// name, the admin token as the password (none needed from loopback when no token is set).
-#[utoipa::path(get, path = "/ops", responses(
-    (status = 200, content_type = "text/html", body = String),
-    (status = 401, body = ErrorBody)
-))]
+/// The 401 of the ops page and its data.
+const UNAUTHORIZED: &str = "admin token missing or wrong, as a bearer token or as the password of Basic credentials (or, without one, a non-loopback peer)";
+
+#[utoipa::path(get, path = "/ops",
+    security(("admin_token" = []), ("admin_basic" = [])),
+    responses(
+        (status = 200, content_type = "text/html", body = String, description = "the page; it fetches /v1/admin/ops every 2 s"),
+        (status = 401, description = UNAUTHORIZED, body = ErrorBody, headers(
+            ("WWW-Authenticate" = String, description = "`Basic realm=\"vigia ops\"`: a browser asks for the credentials"),
+        )),
+    )
+)]
 pub async fn page(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     require_admin_browser(&req, &state.auth.admin_token)?;
     Ok(HttpResponse::Ok()
@@ -72,10 +80,15 @@ pub async fn page(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRe
 
 /// What the ops page shows, as JSON: per scene decisions, blocks by limit and dimension
 /// and signals fired (totals and 15 minutes of sampled deltas); rules; store state.
-#[utoipa::path(get, path = "/v1/admin/ops", responses(
-    (status = 200, body = OpsView),
-    (status = 401, body = ErrorBody)
-))]
+#[utoipa::path(get, path = "/v1/admin/ops",
+    security(("admin_token" = []), ("admin_basic" = [])),
+    responses(
+        (status = 200, body = OpsView, description = "the counters now and their last 15 minutes"),
+        (status = 401, description = UNAUTHORIZED, body = ErrorBody, headers(
+            ("WWW-Authenticate" = String, description = "`Basic realm=\"vigia ops\"`"),
+        )),
+    )
+)]
 pub async fn data(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     require_admin_browser(&req, &state.auth.admin_token)?;
     let rules = state.rules.current();

@@ -70,6 +70,11 @@ async fn each_operation_names_the_token_it_needs_and_the_service_enforces_it() {
             "{scheme}"
         );
     }
+    let basic = &doc["components"]["securitySchemes"]["admin_basic"];
+    assert_eq!(
+        (basic["type"].as_str(), basic["scheme"].as_str()),
+        (Some("http"), Some("basic"))
+    );
     let needs = |method: &str, path: &str| -> Option<String> {
         doc["paths"][path][method]["security"][0]
             .as_object()
@@ -78,12 +83,26 @@ async fn each_operation_names_the_token_it_needs_and_the_service_enforces_it() {
     for (method, path) in vigia::http::ROUTES {
         let expected = match *path {
             "/v1/check" => Some("check_token"),
-            "/v1/refund" | "/v1/events" | "/v1/trust/{user_id}" | "/v1/admin/reload" => {
-                Some("admin_token")
-            }
+            "/v1/refund"
+            | "/v1/events"
+            | "/v1/trust/{user_id}"
+            | "/v1/admin/reload"
+            | "/ops"
+            | "/v1/admin/ops" => Some("admin_token"),
             _ => None,
         };
         assert_eq!(needs(method, path).as_deref(), expected, "{method} {path}");
+        // What a browser opens also takes the admin token as a Basic password, and its
+        // 401 asks the browser for it.
+        let browser = matches!(*path, "/ops" | "/v1/admin/ops");
+        let alternative = doc["paths"][path][method]["security"][1]
+            .as_object()
+            .and_then(|s| s.keys().next().cloned());
+        assert_eq!(
+            alternative.as_deref(),
+            browser.then_some("admin_basic"),
+            "{method} {path}"
+        );
         if expected.is_none() {
             continue;
         }
@@ -105,7 +124,12 @@ async fn each_operation_names_the_token_it_needs_and_the_service_enforces_it() {
         };
         let resp = req.bearer_auth(wrong).send().await.unwrap();
         assert_eq!(resp.status(), 401, "{method} {path} with the other token");
-        assert_eq!(resp.headers()["www-authenticate"], "Bearer");
+        let challenge = if browser {
+            "Basic realm=\"vigia ops\""
+        } else {
+            "Bearer"
+        };
+        assert_eq!(resp.headers()["www-authenticate"], challenge, "{path}");
     }
 }
 
