@@ -202,7 +202,12 @@ async fn drive(decider: &RedisDecider, rules: &RuleSet, tag: &str, n: u64) -> Co
         .map(|i| {
             let req = parse_check(rules, &body(tag, i, n), now_ms).expect("valid check");
             assert!(!req.device_invalid);
-            let (plan, _) = plan(PREFIX, rules, &req);
+            let (plan, _) = plan(
+                PREFIX,
+                rules,
+                &req,
+                vigia::config::DEFAULT_RECORD_HORIZON_MS,
+            );
             async move { decider.decide(&plan).await }
         })
         .buffer_unordered(IN_FLIGHT)

@@ -79,7 +79,7 @@ local function reply(kind, use_after)
   return out
 end
 
--- Phase 1: read (and trim expired members), decide every limit. Nothing that changes a
+-- Phase 1: read, decide every limit (phase 2 trims what it records in). Nothing that changes a
 -- count is written here. All-or-nothing: one exceeded limit and nothing is recorded
 -- anywhere.
 if limits_evaluate(limits, now, dry_run) then

@@ -28,6 +28,8 @@ limits_evaluate fills in, for each applying limit:
   exceeded true when one more does not fit
   retry    ms until the limit admits one more (0 when not exceeded)
   start    fixed window: the current window's start (for phase 2)
+  fresh    fixed window: the key holds no count of the current window (phase 2 writes the
+           start and the expiry only then)
   tokens   token bucket: tokens left now, before this request (for phase 2)
 
 Stored shapes (refund.lua reads them):
@@ -81,19 +83,16 @@ local function counted_before(record_key, request_id, idem_key)
   return nil
 end
 
--- Phase 1 for one limit: reads its key and decides it (see the fields above). Nothing that
--- changes a count is written; a real check (not dry_run) trims a sliding ZSET of members
--- outside every window sharing it.
+-- Phase 1 for one limit: reads its key and decides it (see the fields above). Nothing is
+-- written: a sliding ZSET is trimmed when a request is recorded in it (phase 2), so a deny
+-- costs one call per sliding limit, and ZCOUNT's lower bound already leaves the members
+-- outside the window uncounted. (dry_run: unused since the trim left this phase.)
 local function limit_evaluate(l, now, dry_run)
   local key = l.key
   l.exceeded = false
   l.retry = 0
 
   if l.algo == 's' then
-    if not dry_run then
-      -- Members at or before now - retain are outside every window sharing this key.
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - l.retain))
-    end
     -- A member at t counts while t > now - window.
     local lower = '(' .. int(now - l.window)
     l.count = redis.call('ZCOUNT', key, lower, '+inf')
@@ -115,8 +114,11 @@ local function limit_evaluate(l, now, dry_run)
     l.start = now - (now % l.window)
     local h = redis.call('HMGET', key, 's', 'c')
     local c = 0
+    -- fresh: the key holds no count of this window yet (phase 2 sets its start and expiry)
+    l.fresh = true
     if h[1] and tonumber(h[1]) == l.start then
       c = tonumber(h[2]) or 0
+      l.fresh = false
     end
     l.count = c
     if c + 1 > l.max then
@@ -193,14 +195,22 @@ local function limits_record(limits, now, request_id, record_key, idem_key, reco
     local key = l.key
     if l.applies and record[key] == nil then
       if l.algo == 's' then
+        -- Members at or before now - retain are outside every window sharing this key.
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - retain_of[key]))
         redis.call('ZADD', key, int(now), request_id)
         -- On every add, not only the first: the newest member decides how long the key
         -- must live (the seed's first-write expiry dropped members still inside the window).
         redis.call('PEXPIRE', key, int(retain_of[key] + MARGIN))
         record[key] = 'z'
       elseif l.algo == 'f' then
-        redis.call('HSET', key, 's', int(l.start), 'c', int(l.count + 1))
-        redis.call('PEXPIRE', key, int(l.start + l.window - now + MARGIN))
+        if l.fresh then
+          redis.call('HSET', key, 's', int(l.start), 'c', int(l.count + 1))
+          -- The expiry is a point in time (the window's end plus the margin), the same for
+          -- every request of the window: set once, when the window's first count is.
+          redis.call('PEXPIRE', key, int(l.start + l.window - now + MARGIN))
+        else
+          redis.call('HSET', key, 'c', int(l.count + 1))
+        end
         record[key] = 'f:' .. int(l.start)
       else
         local tk = l.tokens - 1

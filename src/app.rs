@@ -9,6 +9,7 @@ use actix_web::{web, App, HttpServer};
 use arc_swap::ArcSwapOption;
 
 use crate::behaviour::{BehaviourError, Behaviours};
+use crate::check::over_limit::OverLimit;
 use crate::check::Checker;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, StoreBackend};
@@ -19,6 +20,7 @@ use crate::decide::Decider;
 use crate::decision_log::DecisionLog;
 use crate::http::recording::Recording;
 use crate::http::{self, AppState};
+use crate::invalidating::{AwardsInvalidate, RefundsInvalidate};
 use crate::metrics::Metrics;
 use crate::record::{RecordError, Recorder};
 use crate::refund::Refunds;
@@ -256,19 +258,44 @@ pub async fn build_core(
         &events_dir,
     )
     .await?;
+    // Quota that comes back (a refund, a trust award) invalidates the over-limit cache:
+    // refunds and awards go through wrappers that tell it.
+    let over_limit = (config.over_limit.max_keys > 0).then(|| {
+        Arc::new(OverLimit::new(
+            config.over_limit.max_keys,
+            config.over_limit.hold_ms,
+        ))
+    });
+    let (refund_store, ledger): (Arc<dyn WindowStore>, Arc<dyn TrustLedger>) = match &over_limit {
+        Some(cache) => (
+            Arc::new(RefundsInvalidate {
+                store: store.clone(),
+                cache: cache.clone(),
+            }),
+            Arc::new(AwardsInvalidate {
+                ledger,
+                cache: cache.clone(),
+            }),
+        ),
+        None => (store.clone(), ledger),
+    };
     let refunds = Arc::new(Refunds::new(
-        store.clone(),
+        refund_store,
         metrics.clone(),
         &config.store.key_prefix,
     ));
-    let checker = Checker::new(
+    let mut checker = Checker::new(
         decider,
         store,
         local,
         metrics.clone(),
         &config.store.key_prefix,
         clock.clone(),
-    );
+    )
+    .with_record_horizon(config.store.record_horizon_ms);
+    if let Some(cache) = over_limit {
+        checker = checker.with_over_limit(cache);
+    }
     checker.sync_rules(ruleset);
     let checker = Arc::new(checker);
     // Events award to the ledger the checks read, and refund (a rollback) on the windows

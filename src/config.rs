@@ -41,6 +41,10 @@ impl StoreBackend {
     }
 }
 
+/// An hour: retries and refunds come within minutes of a check; a day-long window does
+/// not need its checks' records for a day.
+pub const DEFAULT_RECORD_HORIZON_MS: u64 = 3_600_000;
+
 /// `[store]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -56,6 +60,10 @@ pub struct StoreConfig {
     /// Longest time the open breaker refuses calls before a probe, ms (the first interval
     /// is a tenth of it); recovery after an outage takes at most about this long.
     pub breaker_open_ms: u64,
+    /// How long a check's request and idempotency records live, ms (capped by the scene's
+    /// longest window): a repeated request id or idempotency key is recognised, and a
+    /// refund accepted, within this long of the check.
+    pub record_horizon_ms: u64,
 }
 
 impl StoreConfig {
@@ -80,6 +88,7 @@ impl Default for StoreConfig {
             key_prefix: "lt".into(),
             breaker_failures: BreakerSettings::default().failures,
             breaker_open_ms: BreakerSettings::default().open_max_ms,
+            record_horizon_ms: DEFAULT_RECORD_HORIZON_MS,
         }
     }
 }
@@ -212,6 +221,27 @@ impl Default for OpsConfig {
     }
 }
 
+/// `[over_limit]`: the node's cache of keys the store just found full (see
+/// `check::over_limit`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OverLimitConfig {
+    /// Keys held at most (least recently used evicted first); 0 turns the cache off.
+    pub max_keys: usize,
+    /// Longest a key is answered from the cache, ms, even when the store said to wait
+    /// longer: how long a refund or award on another node may go unseen here.
+    pub hold_ms: u64,
+}
+
+impl Default for OverLimitConfig {
+    fn default() -> Self {
+        OverLimitConfig {
+            max_keys: 100_000,
+            hold_ms: 1_000,
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -227,6 +257,7 @@ pub struct Config {
     pub log_format: LogFormat,
     pub decision_log: DecisionLogMode,
     pub ops: OpsConfig,
+    pub over_limit: OverLimitConfig,
 }
 
 impl Default for Config {
@@ -242,6 +273,7 @@ impl Default for Config {
             log_format: LogFormat::Json,
             decision_log: DecisionLogMode::Off,
             ops: OpsConfig::default(),
+            over_limit: OverLimitConfig::default(),
         }
     }
 }
@@ -420,6 +452,11 @@ impl Config {
                 self.store.breaker_open_ms,
                 10..=60_000,
             ),
+            (
+                "store.record_horizon_ms",
+                self.store.record_horizon_ms,
+                1_000..=31_536_000_000,
+            ),
             ("behaviour.shards", b.shards as u64, 1..=1024),
             ("behaviour.threads", b.threads as u64, 1..=64),
             ("behaviour.mailbox", b.mailbox as u64, 1..=1_000_000),
@@ -439,6 +476,12 @@ impl Config {
                 self.ops.sample_every_ms,
                 100..=3_600_000,
             ),
+            (
+                "over_limit.max_keys",
+                self.over_limit.max_keys as u64,
+                0..=100_000_000,
+            ),
+            ("over_limit.hold_ms", self.over_limit.hold_ms, 1..=60_000),
         ] {
             if !range.contains(&value) {
                 out.push((

@@ -26,6 +26,7 @@ pub mod decide;
 pub mod decision_log;
 pub mod http;
 pub mod input;
+pub mod invalidating;
 pub mod keys;
 pub mod metrics;
 pub mod record;

@@ -18,6 +18,7 @@ pub struct Metrics {
     check_latency: HistogramVec,
     store_errors: IntCounterVec,
     degraded: IntCounterVec,
+    over_limit_answers: IntCounterVec,
     rule_reloads: IntCounterVec,
     rules_loaded: IntGaugeVec,
     behaviour_unanswered: IntCounterVec,
@@ -81,6 +82,11 @@ impl Metrics {
             "vigia_degraded_decisions_total",
             "Decisions taken without the store, by scene and policy.",
             &["scene", "policy"],
+        );
+        let over_limit_answers = counter(
+            "vigia_over_limit_cache_answers_total",
+            "Checks denied from the node's over-limit cache (a key the store just found full), without a store call, by scene.",
+            &["scene"],
         );
         let rule_reloads = counter(
             "vigia_rule_reloads_total",
@@ -166,6 +172,7 @@ impl Metrics {
             check_latency,
             store_errors,
             degraded,
+            over_limit_answers,
             rule_reloads,
             rules_loaded,
             record_lines,
@@ -208,6 +215,11 @@ impl Metrics {
 
     pub fn degraded(&self, scene: &str, policy: &str) {
         self.degraded.with_label_values(&[scene, policy]).inc();
+    }
+
+    /// A check of `scene` denied from the over-limit cache.
+    pub fn over_limit_answer(&self, scene: &str) {
+        self.over_limit_answers.with_label_values(&[scene]).inc();
     }
 
     pub fn rule_reload(&self, result: &str) {

@@ -11,6 +11,7 @@
 
 pub mod decision;
 pub mod gateway;
+pub mod over_limit;
 pub mod plan;
 pub mod quota;
 pub mod request;
@@ -28,6 +29,7 @@ use crate::rules::{Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
 use crate::store::{StoreError, WindowStore};
 use decision::{CheckResponse, Decision, FriendlyDeny, Reason};
 use gateway::Gateways;
+use over_limit::OverLimit;
 pub use request::CheckRequest;
 
 /// How long a store-unavailable deny tells the client to wait.
@@ -46,6 +48,10 @@ pub struct Checker {
     metrics: Metrics,
     key_prefix: String,
     clock: Arc<dyn Clock>,
+    /// Keys the store just found full, answered without it (`None`: off).
+    over_limit: Option<Arc<OverLimit>>,
+    /// The longest a check's records live (`[store] record_horizon_ms`).
+    record_horizon_ms: u64,
 }
 
 impl Checker {
@@ -68,12 +74,32 @@ impl Checker {
             metrics,
             key_prefix: key_prefix.to_string(),
             clock,
+            over_limit: None,
+            record_horizon_ms: crate::config::DEFAULT_RECORD_HORIZON_MS,
         }
     }
 
-    /// Brings per-scene in-process state (gateway buckets) in line with a new rule set.
+    /// Records of a check live at most `ms` (see [`plan::record_ttl_ms`]).
+    pub fn with_record_horizon(mut self, ms: u64) -> Self {
+        self.record_horizon_ms = ms;
+        self
+    }
+
+    /// Denies checks on keys the store just found full without asking it again (see
+    /// [`over_limit`]); whoever gives quota back must invalidate `cache`.
+    pub fn with_over_limit(mut self, cache: Arc<OverLimit>) -> Self {
+        self.over_limit = Some(cache);
+        self
+    }
+
+    /// Brings per-scene in-process state (gateway buckets, the over-limit cache) in line
+    /// with a new rule set.
     pub fn sync_rules(&self, rules: &RuleSet) {
         self.gateways.sync(rules);
+        // New rules may raise a max or drop a limit: what was full may not be.
+        if let Some(cache) = &self.over_limit {
+            cache.invalidate();
+        }
     }
 
     /// The store the checker counts in.
@@ -111,9 +137,23 @@ impl Checker {
                 return resp;
             }
         }
-        let (plan, index) = plan::plan(&self.key_prefix, rules, req);
+        let (plan, index) = plan::plan(&self.key_prefix, rules, req, self.record_horizon_ms);
+        let cache = self.over_limit.as_deref();
+        let now = self.clock.now_ms();
+        let repeatable = req.id_given || req.idempotency_key.is_some();
+        if let Some(held) = cache.and_then(|c| c.answer(&plan, repeatable, now)) {
+            self.metrics.over_limit_answer(&scene.name);
+            resp.decision = decision::fill(&mut resp, scene, &plan, &index, held);
+            return resp;
+        }
+        let epoch = cache.map(OverLimit::epoch);
         let decided = match self.decider.decide(&plan).await {
-            Ok(decided) => decided,
+            Ok(decided) => {
+                if let (Some(c), Some(epoch)) = (cache, epoch) {
+                    c.learn(&plan, &decided, epoch, now);
+                }
+                decided
+            }
             Err(e) => {
                 resp.degraded = true;
                 match self.on_store_error(scene, &plan, &e).await {

@@ -24,8 +24,14 @@ pub const NEW_ACCOUNT: &str = "new_account";
 /// Where each planned limit came from: `limits[i]` of the plan is `scene.limits[index[i]]`.
 pub type LimitIndex = Vec<usize>;
 
-/// The plan of `req` under `rules`, and which scene limit each planned limit is.
-pub fn plan(prefix: &str, rules: &RuleSet, req: &CheckRequest) -> (CheckPlan, LimitIndex) {
+/// The plan of `req` under `rules`, and which scene limit each planned limit is; its
+/// records live `record_horizon_ms` at most (see [`record_ttl_ms`]).
+pub fn plan(
+    prefix: &str,
+    rules: &RuleSet,
+    req: &CheckRequest,
+    record_horizon_ms: u64,
+) -> (CheckPlan, LimitIndex) {
     let scene = &req.scene;
     let ks = KeySpace {
         prefix,
@@ -54,7 +60,7 @@ pub fn plan(prefix: &str, rules: &RuleSet, req: &CheckRequest) -> (CheckPlan, Li
             .as_deref()
             .map(|k| ks.idempotency_key(k)),
         request_id: req.request_id.clone(),
-        record_ttl_ms: record_ttl_ms(scene),
+        record_ttl_ms: record_ttl_ms(scene, record_horizon_ms),
         dry_run: req.dry_run,
         trust: trust(prefix, rules, req),
         signals,
@@ -64,10 +70,13 @@ pub fn plan(prefix: &str, rules: &RuleSet, req: &CheckRequest) -> (CheckPlan, Li
     (plan, index)
 }
 
-/// The request and idempotency records must outlive every window the request counted in,
-/// so a duplicate inside any window is recognised.
-pub fn record_ttl_ms(scene: &Scene) -> u64 {
-    scene.longest_window_ms().max(1000)
+/// How long the request and idempotency records live: while the request counts in some
+/// window of the scene (a record past the longest window would guard nothing), and at most
+/// the horizon (`[store] record_horizon_ms`): a duplicate, an idempotent retry or a refund
+/// comes within minutes, and a record kept for a whole day-long window would make every
+/// allowed check cost more memory than the window members it adds. At least 1 s.
+pub fn record_ttl_ms(scene: &Scene, record_horizon_ms: u64) -> u64 {
+    scene.longest_window_ms().min(record_horizon_ms).max(1000)
 }
 
 fn trust(prefix: &str, rules: &RuleSet, req: &CheckRequest) -> Option<TrustPlan> {

@@ -19,6 +19,9 @@ use crate::rules::{Dimension, RuleSet, Scene};
 pub struct CheckRequest {
     pub scene: Arc<Scene>,
     pub request_id: String,
+    /// The body named the request id (otherwise the service made it, and the check
+    /// cannot be a repeat of an earlier one).
+    pub id_given: bool,
     /// Only the dimensions the body carried (IP canonicalised).
     pub values: DimensionValues,
     pub idempotency_key: Option<String>,
@@ -66,6 +69,7 @@ pub fn parse_check(
     known_fields(obj, &CHECK_FIELDS)?;
     let scene = scene(rules, obj)?;
     let request_id = request_id(obj, now_ms)?;
+    let id_given = obj.get("request_id").is_some_and(|v| !v.is_null());
     let (values, device_too_long) = values(rules, obj)?;
     require(&scene, &values)?;
     let idempotency_key = id(obj, "idempotency_key")?
@@ -95,6 +99,7 @@ pub fn parse_check(
     Ok(CheckRequest {
         scene,
         request_id,
+        id_given,
         values,
         idempotency_key,
         user_created_at,

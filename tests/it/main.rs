@@ -18,6 +18,8 @@ mod openapi;
 mod ops;
 mod ops_data;
 mod ops_page;
+mod over_limit;
+mod records;
 mod reload;
 mod scoring;
 mod signals_shared;

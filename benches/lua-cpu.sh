@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Redis's own CPU per decision: decide.lua (after limits.lua, as the service composes
+# them) run by redis-benchmark on a private Redis with the bench scene's four limits,
+# every call a new request id (a reused id takes the duplicate shortcut and measures
+# nothing), then Redis's `INFO commandstats` usec_per_call for EVALSHA: time inside Redis
+# only, no client, no network. Two workloads: `allow` (users and devices from 100M, so
+# nearly every check is recorded) and `deny` (one user already over user_10s, so every
+# check is evaluated and refused).
+#
+# Usage: benches/lua-cpu.sh [GIT_REV]   scripts from GIT_REV (default: the working tree)
+#   N=calls per workload (200000), CONNS (8).  Needs: redis-server, redis-benchmark.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for t in redis-server redis-benchmark redis-cli; do
+  command -v "$t" >/dev/null || { echo "$t is not on PATH (apt-get install redis-server / redis-tools)" >&2; exit 1; }
+done
+rev=${1:-}; n=${N:-200000}; conns=${CONNS:-8}
+tmp=$(mktemp -d); pid=
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+if [ -n "$rev" ]; then
+  git show "$rev:lua/limits.lua" >"$tmp/script.lua"; git show "$rev:lua/decide.lua" >>"$tmp/script.lua"
+else
+  cat lua/limits.lua lua/decide.lua >"$tmp/script.lua"
+fi
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >/dev/null &
+pid=$!
+for _ in $(seq 100); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
+sha=$(redis-cli -p "$port" -x SCRIPT LOAD <"$tmp/script.lua")
+
+# decide.lua's layout (see its header): 5 fixed keys (absent ones stand in as the record
+# key), 4 limit keys; 22 fixed args (no trust, no score, no signals), 7 per limit.
+run() { # name user-key-segment
+  local user=$2
+  redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
+  redis-benchmark -p "$port" -c "$conns" -n "$n" -r 100000000 -q \
+    EVALSHA "$sha" 9 \
+    lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ \
+    "lt:bench:uid:$user" lt:bench:did:__rand_int__ lt:bench:fw:ip_60s:ip:__rand_int__ lt:bench:fw:activity_60s:act:a1 \
+    __rand_int__ 0 0 10000 "" 0 0 0 0 "" 0 0 0 0 "" "" "" 0 "" "" 0 4 \
+    s 10000 3 10000 1 0 "" \
+    s 86400000 10 86400000 0 0 "" \
+    f 60000 100 60000 0 0 "" \
+    f 60000 100000000 60000 0 0 "" >/dev/null
+  local usec; usec=$(redis-cli -p "$port" INFO commandstats | tr -d '\r' | awk -F'[,=]' '/^cmdstat_evalsha:/ {for (i=1;i<=NF;i++) if ($i=="usec_per_call") print $(i+1)}')
+  local errs; errs=$(redis-cli -p "$port" INFO errorstats | tr -d '\r' | grep -c '^errorstat_' || true)
+  printf '%-6s %10s µs of Redis CPU per decision   (%s calls, %s error kinds)\n' "$1" "$usec" "$n" "$errs"
+  [ "$errs" = 0 ] || { redis-cli -p "$port" INFO errorstats >&2; exit 1; }
+}
+run allow __rand_int__
+# Fill the one user's window (max 3), then every check on it is denied.
+run deny hot
