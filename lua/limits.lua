@@ -51,8 +51,11 @@ local MARGIN = 1000
 
 local LIMIT_ALGORITHMS = { s = true, f = true, t = true }
 
--- Integers as plain decimal text: Lua numbers are doubles and the default conversion may
--- use an exponent, which Redis would not take as a score, a field value or an expiry.
+-- Integers as plain decimal text, for a number put into a string ('(' .. int(edge), a
+-- member): Lua's own conversion (%.14g) may use an exponent. A number passed to
+-- redis.call as an argument needs no int(): Redis converts it with %.17g, exact and
+-- without an exponent for every integer below 2^53 (ms times, counts, TTLs), and a
+-- string.format per argument is a measurable part of a check.
 local function int(n)
   return string.format('%d', n)
 end
@@ -196,28 +199,28 @@ local function limits_record(limits, now, request_id, record_key, idem_key, reco
     if l.applies and record[key] == nil then
       if l.algo == 's' then
         -- Members at or before now - retain are outside every window sharing this key.
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - retain_of[key]))
-        redis.call('ZADD', key, int(now), request_id)
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', now - retain_of[key])
+        redis.call('ZADD', key, now, request_id)
         -- On every add, not only the first: the newest member decides how long the key
         -- must live (the seed's first-write expiry dropped members still inside the window).
-        redis.call('PEXPIRE', key, int(retain_of[key] + MARGIN))
+        redis.call('PEXPIRE', key, retain_of[key] + MARGIN)
         record[key] = 'z'
       elseif l.algo == 'f' then
         if l.fresh then
-          redis.call('HSET', key, 's', int(l.start), 'c', int(l.count + 1))
+          redis.call('HSET', key, 's', l.start, 'c', l.count + 1)
           -- The expiry is a point in time (the window's end plus the margin), the same for
           -- every request of the window: set once, when the window's first count is.
-          redis.call('PEXPIRE', key, int(l.start + l.window - now + MARGIN))
+          redis.call('PEXPIRE', key, l.start + l.window - now + MARGIN)
         else
-          redis.call('HSET', key, 'c', int(l.count + 1))
+          redis.call('HSET', key, 'c', l.count + 1)
         end
         record[key] = 'f:' .. int(l.start)
       else
         local tk = l.tokens - 1
-        redis.call('HSET', key, 'tk', string.format('%.17g', tk), 'ts', int(now), 'cap', int(l.max))
+        redis.call('HSET', key, 'tk', string.format('%.17g', tk), 'ts', now, 'cap', l.max)
         -- A full bucket equals an absent key: live until full again, plus the margin.
         local refill = math.ceil((l.max - tk) * l.window / l.max - EPS)
-        redis.call('PEXPIRE', key, int(math.max(refill, 1) + MARGIN))
+        redis.call('PEXPIRE', key, math.max(refill, 1) + MARGIN)
         record[key] = 't'
       end
     end
@@ -231,8 +234,8 @@ local function limits_record(limits, now, request_id, record_key, idem_key, reco
   else
     encoded = cjson.encode({ k = record })
   end
-  redis.call('SET', record_key, encoded, 'PX', int(record_ttl))
+  redis.call('SET', record_key, encoded, 'PX', record_ttl)
   if idem_key then
-    redis.call('SET', idem_key, request_id, 'PX', int(record_ttl))
+    redis.call('SET', idem_key, request_id, 'PX', record_ttl)
   end
 end
