@@ -9,12 +9,18 @@
 #
 # Usage: benches/lua-cpu.sh [GIT_REV]   scripts from GIT_REV (default: the working tree)
 #   N=calls per workload (200000), CONNS (8).  Needs: redis-server, redis-benchmark.
+#   CALLGRIND=1 runs Redis under valgrind's callgrind and reports instructions per call
+#   instead: slower (use N=2000), but the same on a busy machine as on a quiet one, so two
+#   revisions compare exactly. Needs valgrind (apt-get install valgrind).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for t in redis-server redis-benchmark redis-cli; do
   command -v "$t" >/dev/null || { echo "$t is not on PATH (apt-get install redis-server / redis-tools)" >&2; exit 1; }
 done
-rev=${1:-}; n=${N:-200000}; conns=${CONNS:-8}
+rev=${1:-}; n=${N:-200000}; conns=${CONNS:-8}; cg=${CALLGRIND:-}
+if [ -n "$cg" ]; then
+  command -v valgrind >/dev/null || { echo "valgrind is not on PATH (apt-get install valgrind)" >&2; exit 1; }
+fi
 tmp=$(mktemp -d); pid=
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
@@ -24,9 +30,14 @@ else
   cat lua/limits.lua lua/decide.lua >"$tmp/script.lua"
 fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >/dev/null &
+if [ -n "$cg" ]; then
+  valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.%p" \
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >/dev/null 2>&1 &
+else
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >/dev/null &
+fi
 pid=$!
-for _ in $(seq 100); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
+for _ in $(seq 300); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
 sha=$(redis-cli -p "$port" -x SCRIPT LOAD <"$tmp/script.lua")
 
 # decide.lua's layout (see its header): 5 fixed keys (absent ones stand in as the record
@@ -34,6 +45,7 @@ sha=$(redis-cli -p "$port" -x SCRIPT LOAD <"$tmp/script.lua")
 run() { # name user-key-segment
   local user=$2
   redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
+  if [ -n "$cg" ]; then callgrind_control -z "$pid" >/dev/null 2>&1; fi
   redis-benchmark -p "$port" -c "$conns" -n "$n" -r 100000000 -q \
     EVALSHA "$sha" 9 \
     lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ \
@@ -43,6 +55,16 @@ run() { # name user-key-segment
     s 86400000 10 86400000 0 0 "" \
     f 60000 100 60000 0 0 "" \
     f 60000 100000000 60000 0 0 "" >/dev/null
+  if [ -n "$cg" ]; then
+    rm -f "$tmp"/cg.*; callgrind_control -d "$pid" >/dev/null 2>&1
+    local ir=
+    for _ in $(seq 100); do
+      ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$tmp"/cg.* 2>/dev/null || true)
+      [ -n "$ir" ] && break; sleep 0.1
+    done
+    printf '%-6s %10s instructions inside Redis per decision   (%s calls)\n' "$1" "$((ir / n))" "$n"
+    return
+  fi
   local usec; usec=$(redis-cli -p "$port" INFO commandstats | tr -d '\r' | awk -F'[,=]' '/^cmdstat_evalsha:/ {for (i=1;i<=NF;i++) if ($i=="usec_per_call") print $(i+1)}')
   local errs; errs=$(redis-cli -p "$port" INFO errorstats | tr -d '\r' | grep -c '^errorstat_' || true)
   printf '%-6s %10s µs of Redis CPU per decision   (%s calls, %s error kinds)\n' "$1" "$usec" "$n" "$errs"
