@@ -25,6 +25,10 @@ the end of the run minus after the FLUSHALL; embedded: the service's VmRSS growt
 data folder's growth (file sizes) over the run. Both are what is still held at the end, so
 a run shorter than a window shows less than the window would hold.
 
+wrk-check.lua seeds each wrk thread with the same os.time(), so the threads send the same
+users: a user drawn twice by one thread gets four checks and its fourth is denied. The
+share of (genuine, 429) denies on the saturation rows therefore grows with the rate.
+
 Then the ratios against the peer on the same workload, and issue 13's targets met or not.
 There is no paced mode: wrk cannot hold a rate, and wrk2 is not packaged in Debian.
 
@@ -300,6 +304,10 @@ class Bench:
         if not self.shared.is_absolute():
             self.shared = (REPO / self.shared).resolve()
         self.check_lua = self.shared / "bench" / "wrk-check.lua"
+        peer = self.shared / "bench" / "peer.sh"
+        for path, needed in ((self.check_lua, True), (peer, any(r.endswith("peer") for r in args.rows))):
+            if needed and not path.is_file():
+                raise BenchError(f"{path} is missing: set SHARED to the folder holding bench/")
         self.hammer_lua = REPO / "benches" / "wrk" / "hammer.lua"
         self.rules = tmp / "rules"
         self.rules.mkdir()
