@@ -1,0 +1,128 @@
+//! The "one script call" floor of `benches/load.sh`: a bare actix-web + serde server that
+//! runs one EVALSHA of the service's own check script (`lua/limits.lua` then
+//! `lua/check.lua`, composed as `src/store/redis.rs` composes them) per request, with the
+//! bench scene's four limits (`benches/rules/bench.toml`) and a fresh request id each time,
+//! and answers 200 on allow, 429 on deny. No rules, no breaker, no metrics: the least an
+//! HTTP service doing one script call per check can cost.
+//!
+//! Each actix worker opens its own multiplexed connection on its first request, so the
+//! connection's driver runs on the worker's runtime and a request never crosses threads.
+//!
+//! Usage: `cargo run --release --example floor_redis -- 127.0.0.1:PORT redis://127.0.0.1:6379`
+
+use actix_web::{web, App, HttpResponse, HttpServer};
+use redis::aio::MultiplexedConnection;
+use redis::{Script, Value};
+use serde::{Deserialize, Serialize};
+use tokio::sync::OnceCell;
+
+/// The same text the service loads, so the floor follows the script as it changes.
+const CHECK_LUA: &str = concat!(
+    include_str!("../lua/limits.lua"),
+    include_str!("../lua/check.lua")
+);
+
+/// The service's default `record_horizon_ms` (config.toml): the request record's TTL.
+const RECORD_TTL_MS: u64 = 3_600_000;
+
+/// The bench scene's limits as check.lua's per-limit ARGV (algorithm, window_ms, max,
+/// retain_ms), in the order of the limit keys below.
+const LIMITS: [[&str; 4]; 4] = [
+    ["s", "10000", "3", "10000"],         // user_10s
+    ["s", "86400000", "10", "86400000"],  // device_1d
+    ["f", "60000", "100", "60000"],       // ip_60s
+    ["f", "60000", "100000000", "60000"], // activity_60s
+];
+
+#[derive(Deserialize)]
+struct Check {
+    scene: String,
+    user_id: String,
+    device_id: String,
+    ip: String,
+    activity_id: String,
+}
+
+#[derive(Serialize)]
+struct Answer {
+    decision: &'static str,
+}
+
+/// One per actix worker (the app factory runs on each worker's thread).
+struct Worker {
+    client: redis::Client,
+    conn: OnceCell<MultiplexedConnection>,
+    script: Script,
+}
+
+impl Worker {
+    async fn conn(&self) -> redis::RedisResult<MultiplexedConnection> {
+        self.conn
+            .get_or_try_init(|| self.client.get_multiplexed_async_connection())
+            .await
+            .cloned()
+    }
+}
+
+async fn check(worker: web::Data<Worker>, body: web::Json<Check>) -> HttpResponse {
+    match run_check(&worker, &body).await {
+        Ok(true) => HttpResponse::Ok().json(Answer { decision: "allow" }),
+        Ok(false) => HttpResponse::TooManyRequests().json(Answer {
+            decision: "friendly_deny",
+        }),
+        // A floor has no policy for a store error; 503 keeps it visible as non-2xx.
+        Err(_) => HttpResponse::ServiceUnavailable().json(Answer { decision: "error" }),
+    }
+}
+
+/// Whether check.lua allowed the request (a duplicate cannot happen: ids are fresh).
+async fn run_check(worker: &Worker, body: &Check) -> redis::RedisResult<bool> {
+    let scene = &body.scene;
+    let request_id = ulid::Ulid::generate().to_string();
+    let record_key = format!("lt:{scene}:req:{request_id}");
+    let mut inv = worker.script.prepare_invoke();
+    // KEYS: the record key, the record key again for "no idempotency key", the limits.
+    inv.key(&record_key)
+        .key(&record_key)
+        .key(format!("lt:{scene}:uid:{}", body.user_id))
+        .key(format!("lt:{scene}:did:{}", body.device_id))
+        .key(format!("lt:{scene}:fw:ip_60s:ip:{}", body.ip))
+        .key(format!(
+            "lt:{scene}:fw:activity_60s:act:{}",
+            body.activity_id
+        ));
+    // ARGV: request id, not a dry run, no idempotency key, record TTL, Redis TIME.
+    inv.arg(&request_id)
+        .arg("0")
+        .arg("0")
+        .arg(RECORD_TTL_MS)
+        .arg("");
+    for limit in LIMITS {
+        inv.arg(&limit[..]);
+    }
+    let mut conn = worker.conn().await?;
+    let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
+    Ok(matches!(reply.first(), Some(Value::BulkString(kind)) if kind == b"allow"))
+}
+
+#[actix_web::main]
+async fn main() -> std::io::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let listen = args.next().unwrap_or_else(|| "127.0.0.1:8080".to_owned());
+    let url = args
+        .next()
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
+    let client = redis::Client::open(url).map_err(std::io::Error::other)?;
+    HttpServer::new(move || {
+        App::new()
+            .app_data(web::Data::new(Worker {
+                client: client.clone(),
+                conn: OnceCell::new(),
+                script: Script::new(CHECK_LUA),
+            }))
+            .route("/v1/check", web::post().to(check))
+    })
+    .bind(listen)?
+    .run()
+    .await
+}
