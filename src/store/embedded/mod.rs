@@ -8,11 +8,13 @@
 //! them, so a check is atomic against every other op on the same keys, as one EVALSHA is
 //! on Redis. Checks on unrelated entities rarely share a shard and run in parallel.
 //!
-//! Durability: the changes of a check are one record appended to a sled journal (see
-//! `journal`) before the locks are released; memory changes only once sled took the
-//! record, and replaying the journal applies the very same ops (see `ops`). sled writes to
-//! disk every [`FLUSH_EVERY_MS`], so a `kill -9` loses at most that much; a clean shutdown
-//! calls [`EmbeddedStore::flush`] and loses nothing.
+//! Durability: the changes of a check are one framed record copied into the journal's
+//! buffer (see `journal`) before the locks are released; memory changes only once the
+//! journal took the record, and replaying the journal applies the very same ops (see
+//! `ops`). A writer thread writes the buffer out every [`journal::WRITE_EVERY_MS`] and
+//! syncs it every [`FLUSH_EVERY_MS`] — the file work is never done under a shard lock. A
+//! `kill -9` loses at most the last write interval, a power loss the last sync interval;
+//! a clean shutdown calls [`EmbeddedStore::flush`] and loses nothing.
 //!
 //! Reclaiming: an expired entry is absent to every reader (as in Redis) and is dropped
 //! from memory by the next check that touches its key or by [`EmbeddedStore::reap`], which
@@ -34,25 +36,24 @@ pub mod window;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use async_trait::async_trait;
 
 use super::{CheckOp, CheckOutcome, LimitOp, LimitState, RefundOp, StoreError, WindowStore};
 use crate::clock::Clock;
 use crate::rules::Algorithm;
 use entry::{Entry, Tag};
-use journal::Generation;
+use journal::Journal;
 use ops::Op;
 use window::{Bucket, Fixed, LimitEval, Sliding};
 
 /// Number of independently locked maps.
 pub const SHARDS: usize = 64;
-/// sled's background flush interval: the most a `kill -9` can lose.
-pub const FLUSH_EVERY_MS: u64 = 200;
+/// How often the journal is synced to disk: the most a power loss can cost. (A `kill -9`
+/// costs at most [`journal::WRITE_EVERY_MS`], since written data outlives the process.)
+pub const FLUSH_EVERY_MS: u64 = journal::SYNC_EVERY_MS;
 /// How often the reaper thread reclaims expired entries.
 pub const REAP_EVERY: Duration = Duration::from_secs(1);
 /// A new generation starts once the journal holds this many records and more than twice
@@ -98,10 +99,57 @@ pub struct EmbeddedStore {
 /// Where a durable store journals.
 struct Durable {
     root: PathBuf,
-    /// Read under shard locks; swapped while every shard is locked.
-    current: ArcSwap<Generation>,
+    journal: Arc<Journal>,
+    /// Wakes the writer thread before its tick (a full buffer); dropping it stops it.
+    wake: mpsc::SyncSender<()>,
     /// One compaction at a time.
     compacting: Mutex<()>,
+}
+
+impl Durable {
+    /// Starts the writer thread of `journal`: a tick every [`journal::WRITE_EVERY_MS`]
+    /// or when woken, until the returned sender is dropped.
+    fn start(root: &Path, journal: Journal) -> Result<Durable, StoreError> {
+        let journal = Arc::new(journal);
+        let (wake, woken) = mpsc::sync_channel::<()>(1);
+        let writer = journal.clone();
+        std::thread::Builder::new()
+            .name("vigia-journal".into())
+            .spawn(move || {
+                let every = Duration::from_millis(journal::WRITE_EVERY_MS);
+                let mut failing = false;
+                loop {
+                    let stop = matches!(
+                        woken.recv_timeout(every),
+                        Err(mpsc::RecvTimeoutError::Disconnected)
+                    );
+                    let result = if stop { writer.flush() } else { writer.tick() };
+                    match result {
+                        Err(e) if !failing => {
+                            failing = true;
+                            tracing::error!(error = %e, "embedded store: journal write failed; checks that count get on_store_error until it succeeds");
+                        }
+                        Ok(()) if failing => {
+                            failing = false;
+                            tracing::info!("embedded store: journal writes again");
+                        }
+                        _ => {}
+                    }
+                    if stop {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| {
+                StoreError::Unavailable(format!("embedded store: journal writer thread: {e}"))
+            })?;
+        Ok(Durable {
+            root: root.to_path_buf(),
+            journal,
+            wake,
+            compacting: Mutex::new(()),
+        })
+    }
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -110,15 +158,15 @@ impl std::fmt::Debug for EmbeddedStore {
         match &self.durable {
             Some(durable) => d
                 .field("root", &durable.root)
-                .field("generation", &durable.current.load().number),
+                .field("generation", &durable.journal.number()),
             None => d.field("root", &"(in memory)"),
         };
         d.finish()
     }
 }
 
-fn sled_err(e: sled::Error) -> StoreError {
-    StoreError::Unavailable(format!("embedded store (sled): {e}"))
+fn journal_err(e: journal::JournalError) -> StoreError {
+    StoreError::Unavailable(format!("embedded store journal: {e}"))
 }
 
 /// The shards one operation holds, locked in ascending order.
@@ -149,11 +197,14 @@ impl Locked<'_> {
             return Ok(());
         }
         if let Some(durable) = &self.store.durable {
-            durable
-                .current
-                .load()
-                .append(&ops::encode(now, &ops))
-                .map_err(sled_err)?;
+            let full = durable
+                .journal
+                .append(|out| ops::encode_into(now, &ops, out))
+                .map_err(journal_err)?;
+            if full {
+                // The writer may already be awake; one wake-up pending is enough.
+                let _ = durable.wake.try_send(());
+            }
         }
         for op in ops {
             let shard = self.shard(op.key());
@@ -170,7 +221,10 @@ impl EmbeddedStore {
         let unavailable = |what: String| {
             StoreError::Unavailable(format!("embedded store at {}: {what}", dir.display()))
         };
-        let recovered = journal::recover(dir, FLUSH_EVERY_MS).map_err(unavailable)?;
+        let recovered = journal::recover(dir).map_err(|e| unavailable(e.to_string()))?;
+        for (file, bytes) in &recovered.dropped {
+            tracing::warn!(file = %file.display(), bytes, "embedded store: dropped the torn or damaged tail of a journal (a crash while writing it)");
+        }
         let mut shards: Vec<Shard> = (0..SHARDS).map(|_| HashMap::new()).collect();
         let hasher = RandomState::new();
         let shard_of = |key: &str| (hasher.hash_one(key) % SHARDS as u64) as usize;
@@ -192,27 +246,18 @@ impl EmbeddedStore {
         for shard in &mut shards {
             shard.retain(|_, e| e.is_live(now));
         }
-        let generation = Generation::create(dir, recovered.next, FLUSH_EVERY_MS)
-            .map_err(|e| unavailable(e.to_string()))?;
+        let journal =
+            Journal::create(dir, recovered.next).map_err(|e| unavailable(e.to_string()))?;
+        let generation_dir = journal.dir();
         let store = EmbeddedStore {
             shards: shards.into_iter().map(Mutex::new).collect(),
             hasher,
-            durable: Some(Durable {
-                root: dir.to_path_buf(),
-                current: ArcSwap::from_pointee(generation),
-                compacting: Mutex::new(()),
-            }),
+            durable: Some(Durable::start(dir, journal)?),
             clock,
             reaper_stop: Mutex::new(None),
         };
         let snapshot = store.snapshot_records(&store.shards.iter().map(lock).collect::<Vec<_>>());
-        if let Some(durable) = &store.durable {
-            durable
-                .current
-                .load()
-                .complete(snapshot)
-                .map_err(|e| unavailable(e.to_string()))?;
-        }
+        journal::complete(&generation_dir, snapshot).map_err(|e| unavailable(e.to_string()))?;
         for old in recovered.old {
             remove_generation(&old);
         }
@@ -304,20 +349,16 @@ impl EmbeddedStore {
             return Ok(());
         };
         let _one = lock(&durable.compacting);
-        let old = durable.current.load_full();
-        let next = Arc::new(
-            Generation::create(&durable.root, old.number + 1, FLUSH_EVERY_MS).map_err(sled_err)?,
-        );
-        let snapshot = {
+        let next = durable.journal.prepare().map_err(journal_err)?;
+        let (snapshot, switch) = {
             let guards: Vec<_> = self.shards.iter().map(lock).collect();
             let snapshot = self.snapshot_records(&guards);
             // From here on every change goes to the new generation's journal.
-            durable.current.store(next.clone());
-            snapshot
+            let switch = durable.journal.switch(next).map_err(journal_err)?;
+            (snapshot, switch)
         };
-        next.complete(snapshot).map_err(sled_err)?;
-        let old_dir = old.dir().to_path_buf();
-        drop(old);
+        let (old_dir, new_dir) = switch.finish().map_err(journal_err)?;
+        journal::complete(&new_dir, snapshot).map_err(journal_err)?;
         remove_generation(&old_dir);
         Ok(())
     }
@@ -345,7 +386,7 @@ impl EmbeddedStore {
     /// Writes everything to disk (clean shutdown).
     pub fn flush(&self) -> Result<(), StoreError> {
         match &self.durable {
-            Some(durable) => durable.current.load().flush().map_err(sled_err),
+            Some(durable) => durable.journal.flush().map_err(journal_err),
             None => Ok(()),
         }
     }
@@ -389,14 +430,8 @@ impl EmbeddedStore {
         EmbeddedStats {
             keys,
             weight,
-            journal_records: self
-                .durable
-                .as_ref()
-                .map_or(0, |d| d.current.load().appended.load(Ordering::Relaxed)),
-            disk_bytes: self
-                .durable
-                .as_ref()
-                .map_or(0, |d| journal::disk_bytes(&d.root)),
+            journal_records: self.durable.as_ref().map_or(0, |d| d.journal.records()),
+            disk_bytes: self.durable.as_ref().map_or(0, |d| d.journal.disk_bytes()),
         }
     }
 
@@ -691,16 +726,16 @@ impl WindowStore for EmbeddedStore {
     }
 
     async fn sync(&self) -> Result<(), StoreError> {
-        // An fsync takes milliseconds: off the async workers. The generation is the one
-        // current now; a compaction swapping it meanwhile flushes its successor itself.
+        // An fsync takes milliseconds: off the async workers. A compaction switching
+        // generations meanwhile syncs the old journal itself.
         let Some(durable) = &self.durable else {
             return Ok(());
         };
-        let generation = durable.current.load_full();
-        tokio::task::spawn_blocking(move || generation.flush())
+        let journal = durable.journal.clone();
+        tokio::task::spawn_blocking(move || journal.flush())
             .await
             .map_err(|e| StoreError::Unavailable(format!("embedded store: flush task: {e}")))?
-            .map_err(sled_err)
+            .map_err(journal_err)
     }
 
     fn kind(&self) -> &'static str {

@@ -107,7 +107,13 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 /// Encodes one journal record.
 pub fn encode(now: u64, ops: &[Op]) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + ops.len() * 64);
-    put_u64(&mut out, now);
+    encode_into(now, ops, &mut out);
+    out
+}
+
+/// Appends one encoded journal record to `out`.
+pub fn encode_into(now: u64, ops: &[Op], out: &mut Vec<u8>) {
+    put_u64(out, now);
     for op in ops {
         match op {
             Op::AddMember {
@@ -117,20 +123,19 @@ pub fn encode(now: u64, ops: &[Op]) -> Vec<u8> {
                 retain,
             } => {
                 out.push(b'm');
-                put_str(&mut out, key);
-                put_u64(&mut out, *score);
-                put_u64(&mut out, *retain);
-                put_str(&mut out, member);
+                put_str(out, key);
+                put_u64(out, *score);
+                put_u64(out, *retain);
+                put_str(out, member);
             }
             Op::RemoveMember { key, member } => {
                 out.push(b'x');
-                put_str(&mut out, key);
-                put_str(&mut out, member);
+                put_str(out, key);
+                put_str(out, member);
             }
-            Op::Put { key, entry } => encode_entry(&mut out, key, entry),
+            Op::Put { key, entry } => encode_entry(out, key, entry),
         }
     }
-    out
 }
 
 fn encode_entry(out: &mut Vec<u8>, key: &str, entry: &Entry) {
