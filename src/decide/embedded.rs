@@ -111,12 +111,18 @@ fn device_of(key: &str) -> Option<String> {
 #[async_trait]
 impl Decider for EmbeddedDecider {
     async fn decide(&self, plan: &CheckPlan) -> Result<Decided, StoreError> {
-        if let Some(of) = self.windows.counted(
-            &plan.record_key,
-            plan.idempotency_key.as_deref(),
-            &plan.request_id,
-        ) {
-            return Ok(Decided::Duplicate { of });
+        // A repeat must not mark sightings or feed the actors, so it is answered before
+        // either. With neither in the plan the window store's own test (under its locks)
+        // is the only one needed, and this one would lock the record's shard twice.
+        let marks = plan.trust.is_some() && self.ledger.is_some();
+        if marks || !plan.signals.is_empty() {
+            if let Some(of) = self.windows.counted(
+                &plan.record_key,
+                plan.idempotency_key.as_deref(),
+                &plan.request_id,
+            ) {
+                return Ok(Decided::Duplicate { of });
+            }
         }
         let now = self.clock.now_ms();
         let facts = self.facts(plan.trust.as_ref(), plan.dry_run, now)?;

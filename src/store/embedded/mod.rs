@@ -34,7 +34,13 @@ mod ops;
 pub mod window;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
+
+/// The hasher of shard choice and shard maps: keys carry ids callers send, so it is
+/// seeded per process (as quick_cache, the over-limit cache, is); foldhash's quality
+/// variant costs a fraction of SipHash on these 40-80 byte keys, hashed several times
+/// per check.
+type RandomState = foldhash::quality::RandomState;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -62,7 +68,7 @@ pub const COMPACT_AFTER_RECORDS: u64 = 100_000;
 /// Snapshot ops per snapshot record.
 const SNAPSHOT_CHUNK: usize = 1024;
 
-type Shard = HashMap<String, Entry>;
+type Shard = HashMap<String, Entry, RandomState>;
 
 /// Sizes, for tests and operators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,8 +231,10 @@ impl EmbeddedStore {
         for (file, bytes) in &recovered.dropped {
             tracing::warn!(file = %file.display(), bytes, "embedded store: dropped the torn or damaged tail of a journal (a crash while writing it)");
         }
-        let mut shards: Vec<Shard> = (0..SHARDS).map(|_| HashMap::new()).collect();
-        let hasher = RandomState::new();
+        // Each map its own seed: keys of one shard share their shard hash's low bits,
+        // which must not also be their bucket bits inside it.
+        let hasher = RandomState::default();
+        let mut shards: Vec<Shard> = (0..SHARDS).map(|_| HashMap::default()).collect();
         let shard_of = |key: &str| (hasher.hash_one(key) % SHARDS as u64) as usize;
         let mut damaged = 0;
         for record in &recovered.records {
@@ -268,8 +276,10 @@ impl EmbeddedStore {
     /// survives the process. For state that is thrown away anyway (`vigia simulate`).
     pub fn in_memory(clock: Arc<dyn Clock>) -> Arc<EmbeddedStore> {
         Arc::new(EmbeddedStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::default()))
+                .collect(),
+            hasher: RandomState::default(),
             durable: None,
             clock,
             reaper_stop: Mutex::new(None),

@@ -35,7 +35,11 @@ impl Op {
 }
 
 /// Applies one op to the map holding its key, as of `now`.
-pub fn apply(map: &mut std::collections::HashMap<String, Entry>, now: u64, op: Op) {
+pub fn apply<S: std::hash::BuildHasher>(
+    map: &mut std::collections::HashMap<String, Entry, S>,
+    now: u64,
+    op: Op,
+) {
     match op {
         Op::AddMember {
             key,
