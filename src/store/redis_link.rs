@@ -1,5 +1,11 @@
-//! The node's link to Redis: one multiplexed connection shared by the window store and the
-//! trust ledger, the circuit breaker in front of it, and the per-call deadline.
+//! The node's link to Redis: multiplexed connections shared by the window store and the
+//! trust ledger, the circuit breaker in front of them, and the per-call deadline.
+//!
+//! Each thread that calls (each HTTP worker) gets a connection of its own, made on its
+//! own runtime, so the task that drives it runs where the requests wait: a reply wakes
+//! its caller without crossing threads, and one worker's requests are still pipelined on
+//! one socket. (One connection driven from the main thread cost every check two
+//! cross-thread wake-ups and capped the rate below what Redis could take.)
 //!
 //! redis-rs's `ConnectionManager` reconnects when a connection *breaks*, but not when it
 //! goes *silent*: a call that times out is simply abandoned, and a connection whose peer
@@ -11,6 +17,8 @@
 //! start: the link opens without a connection, every call tries to make one (through the
 //! breaker, so an outage is not hammered), and the scripts load on their first call.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,12 +34,41 @@ use super::StoreError;
 /// timeout; requests meanwhile fail on their own deadline.
 const RECONNECT_RETRIES: usize = 3;
 
+/// Tells links apart in [`LOCAL`] (an address could be reused after a drop).
+static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's connection per link: `(link, epoch, connection)`.
+    static LOCAL: RefCell<Vec<(u64, u64, ConnectionManager)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn local_get(link: u64, epoch: u64) -> Option<ConnectionManager> {
+    LOCAL.with_borrow(|l| {
+        l.iter()
+            .find(|(id, e, _)| *id == link && *e == epoch)
+            .map(|(_, _, c)| c.clone())
+    })
+}
+
+fn local_put(link: u64, epoch: u64, conn: ConnectionManager) {
+    LOCAL.with_borrow_mut(|l| {
+        l.retain(|(id, _, _)| *id != link);
+        l.push((link, epoch, conn));
+    });
+}
+
 /// A shared, breaker-guarded, deadline-bounded Redis connection.
 pub struct RedisLink {
     client: redis::Client,
     config: ConnectionManagerConfig,
     /// `None` until a first connection is made (Redis was down at start-up).
     conn: ArcSwapOption<ConnectionManager>,
+    /// This link in [`LOCAL`].
+    id: u64,
+    /// Bumped whenever a fresh connection replaces `conn` (a probe after an outage):
+    /// every thread's own connection of an older epoch is replaced on its next call, so
+    /// no thread keeps a connection that went silent.
+    epoch: AtomicU64,
     breaker: Arc<Breaker>,
     timeout_ms: u64,
     /// One reconnect at a time: concurrent probes would each build a connection.
@@ -70,12 +107,17 @@ impl RedisLink {
             client,
             config,
             conn: ArcSwapOption::empty(),
+            id: NEXT_LINK.fetch_add(1, Ordering::Relaxed),
+            epoch: AtomicU64::new(0),
             breaker,
             timeout_ms,
             reconnecting: tokio::sync::Mutex::new(()),
         };
         match link.connect(startup_ms).await {
-            Ok(conn) => link.conn.store(Some(Arc::new(conn))),
+            Ok(conn) => {
+                link.conn.store(Some(Arc::new(conn)));
+                link.epoch.store(1, Ordering::Release);
+            }
             Err(e) => {
                 tracing::warn!(
                     redis_url = url,
@@ -139,10 +181,21 @@ impl RedisLink {
     pub async fn conn(&self) -> Result<ConnectionManager, StoreError> {
         self.breaker.permit()?;
         let probe = self.breaker.take_probe();
-        if !probe {
-            if let Some(conn) = self.conn.load_full() {
-                return Ok(ConnectionManager::clone(&conn));
+        let epoch = self.epoch.load(Ordering::Acquire);
+        if !probe && epoch > 0 {
+            if let Some(conn) = local_get(self.id, epoch) {
+                return Ok(conn);
             }
+            // Redis is reachable (some thread is connected): this thread makes its own.
+            let own = bounded(
+                self.timeout_ms,
+                ConnectionManager::new_with_config(self.client.clone(), self.config.clone()),
+            )
+            .await;
+            self.breaker.record(&own);
+            let own = own?;
+            local_put(self.id, epoch, own.clone());
+            return Ok(own);
         }
         let _one = self.reconnecting.lock().await;
         if !probe {
@@ -155,6 +208,8 @@ impl RedisLink {
         self.breaker.record(&fresh);
         let fresh = fresh?;
         self.conn.store(Some(Arc::new(fresh.clone())));
+        let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        local_put(self.id, epoch, fresh.clone());
         Ok(fresh)
     }
 
