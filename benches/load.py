@@ -469,6 +469,16 @@ def main() -> int:
         return 1
     if not args.no_build:
         build(args.rows)
+    release = REPO / "target" / "release"
+    binaries = {"redis": "vigia", "embedded": "vigia", "hammer-redis": "vigia",
+                "hammer-embedded": "vigia", "floor-http": "examples/floor_http",
+                "floor-redis": "examples/floor_redis"}
+    absent = sorted({binaries[r] for r in args.rows if r in binaries
+                     and not (release / binaries[r]).is_file()})
+    if absent:
+        print("benches/load.py: not built: " + ", ".join(f"target/release/{b}" for b in absent)
+              + " (run without --no-build, or `cargo build --release --examples`)", file=sys.stderr)
+        return 1
     tmp = Path(tempfile.mkdtemp(prefix="vigia-load-"))
     bench = None
     rows: dict[str, Row] = {}

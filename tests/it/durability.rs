@@ -184,7 +184,7 @@ async fn sigterm_then_restart_keeps_every_window() {
     let v = Vigia::start(port, data.path(), Some(rules.path())).await;
     assert_eq!(v.check(&s("u")).await.0, 200);
     assert_eq!(v.check(&s("u")).await.0, 200);
-    // Stopped right after the answers, well inside sled's flush interval.
+    // Stopped right after the answers, well inside the journal's write interval.
     v.sigterm();
     let v = Vigia::start(port, data.path(), Some(rules.path())).await;
     let (status, b) = v.check(&s("u")).await;
@@ -204,7 +204,7 @@ async fn a_crash_loses_at_most_the_last_flush_interval() {
     let v = Vigia::start(port, data.path(), Some(rules.path())).await;
     assert_eq!(v.check(&s("u")).await.0, 200);
     assert_eq!(v.check(&s("u")).await.0, 200);
-    // Past the documented bound (sled flushes every FLUSH_EVERY_MS), then kill -9.
+    // Past the documented bound (the journal syncs every FLUSH_EVERY_MS), then kill -9.
     tokio::time::sleep(Duration::from_millis(3 * FLUSH_EVERY_MS)).await;
     v.sigkill();
     let v = Vigia::start(port, data.path(), Some(rules.path())).await;

@@ -177,6 +177,14 @@ impl Writer {
     }
 }
 
+/// When a write is followed by a sync.
+#[derive(Clone, Copy)]
+enum Sync {
+    Now,
+    WhenDue,
+    Never,
+}
+
 /// Records taken but not yet handed to the writer.
 struct Pending {
     buf: Vec<u8>,
@@ -247,9 +255,9 @@ impl Journal {
         Ok(p.buf.len() >= WRITE_AT_BYTES)
     }
 
-    /// Hands the buffer to the writer's file; syncs when `sync` or when the sync interval
-    /// has passed. Records a failure (so `append` refuses) and clears it on success.
-    fn write(&self, w: &mut Writer, sync: bool) -> Result<(), JournalError> {
+    /// Hands the buffer to the writer's file, then syncs as `sync` says. Records a
+    /// failure (so `append` refuses) and clears it on success.
+    fn write(&self, w: &mut Writer, sync: Sync) -> Result<(), JournalError> {
         {
             let mut p = lock(&self.pending);
             if w.unwritten.is_empty() {
@@ -259,7 +267,11 @@ impl Journal {
                 p.buf.clear();
             }
         }
-        let due = sync || w.last_sync.elapsed() >= Duration::from_millis(SYNC_EVERY_MS);
+        let due = match sync {
+            Sync::Now => true,
+            Sync::WhenDue => w.last_sync.elapsed() >= Duration::from_millis(SYNC_EVERY_MS),
+            Sync::Never => false,
+        };
         let result = w
             .write_out()
             .and_then(|()| if due { w.sync() } else { Ok(()) });
@@ -282,13 +294,13 @@ impl Journal {
     /// One writer tick: what the background thread runs every [`WRITE_EVERY_MS`].
     pub fn tick(&self) -> Result<(), JournalError> {
         let mut w = lock(&self.writer);
-        self.write(&mut w, false)
+        self.write(&mut w, Sync::WhenDue)
     }
 
     /// Writes and syncs everything taken so far.
     pub fn flush(&self) -> Result<(), JournalError> {
         let mut w = lock(&self.writer);
-        self.write(&mut w, true)
+        self.write(&mut w, Sync::Now)
     }
 
     /// Creates the folder and journal of the generation after the current one, for
@@ -306,8 +318,9 @@ impl Journal {
     pub fn switch(&self, next: Next) -> Result<Switch<'_>, JournalError> {
         let next = next.0;
         let mut w = lock(&self.writer);
-        // Into the old file now, before any record of the new generation exists.
-        self.write(&mut w, false)?;
+        // Into the old file now, before any record of the new generation exists; its
+        // sync (milliseconds) waits until the caller's locks are released.
+        self.write(&mut w, Sync::Never)?;
         let old = std::mem::replace(&mut *w, next);
         lock(&self.pending).records = 0;
         Ok(Switch { writer: w, old })
