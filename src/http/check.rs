@@ -278,7 +278,7 @@ pub async fn refund(
 /// the body (the same shape for every decision) from the whole response.
 pub fn respond(resp: &CheckResponse) -> HttpResponse {
     let deny = match &resp.decision {
-        Decision::Allow | Decision::SilentDeny { .. } => return HttpResponse::Ok().json(resp),
+        Decision::Allow | Decision::SilentDeny { .. } => return json(HttpResponse::Ok(), resp),
         Decision::FriendlyDeny(deny) => deny,
     };
     // A store that cannot answer is the service's trouble, not the client's rate: 503.
@@ -300,7 +300,22 @@ pub fn respond(resp: &CheckResponse) -> HttpResponse {
             format!("\"{}\";r={};t={}", rl.name, rl.remaining, rl.reset_s),
         ));
     }
-    http.json(resp)
+    json(http, resp)
+}
+
+/// Room for a check's answer with a few limits, so serialising it does not regrow the
+/// buffer (actix's `json` starts from an empty String).
+const ANSWER_CAPACITY: usize = 512;
+
+/// `HttpResponseBuilder::json`, written once into a buffer sized for an answer.
+fn json(mut http: actix_web::HttpResponseBuilder, resp: &CheckResponse) -> HttpResponse {
+    let mut body = Vec::with_capacity(ANSWER_CAPACITY);
+    match serde_json::to_writer(&mut body, resp) {
+        Ok(()) => http
+            .content_type(actix_web::http::header::ContentType::json())
+            .body(body),
+        Err(e) => HttpResponse::from_error(actix_web::error::JsonPayloadError::Serialize(e)),
+    }
 }
 
 #[cfg(test)]
