@@ -135,6 +135,12 @@ impl RedisLink {
     /// and report every outage as a timeout.
     async fn connect(&self, within_ms: u64) -> Result<ConnectionManager, StoreError> {
         bounded(within_ms, self.client.get_multiplexed_async_connection()).await?;
+        self.manager(within_ms).await
+    }
+
+    /// A connection manager (its driver on the calling thread's runtime) within
+    /// `within_ms`.
+    async fn manager(&self, within_ms: u64) -> Result<ConnectionManager, StoreError> {
         bounded(
             within_ms,
             ConnectionManager::new_with_config(self.client.clone(), self.config.clone()),
@@ -187,11 +193,7 @@ impl RedisLink {
                 return Ok(conn);
             }
             // Redis is reachable (some thread is connected): this thread makes its own.
-            let own = bounded(
-                self.timeout_ms,
-                ConnectionManager::new_with_config(self.client.clone(), self.config.clone()),
-            )
-            .await;
+            let own = self.manager(self.timeout_ms).await;
             self.breaker.record(&own);
             let own = own?;
             local_put(self.id, epoch, own.clone());
