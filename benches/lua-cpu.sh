@@ -40,21 +40,32 @@ pid=$!
 for _ in $(seq 300); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
 sha=$(redis-cli -p "$port" -x SCRIPT LOAD <"$tmp/script.lua")
 
-# decide.lua's layout (see its header): 5 fixed keys (absent ones stand in as the record
-# key), 4 limit keys; 22 fixed args (no trust, no score, no signals), 7 per limit.
+# decide.lua's layout (see its header), for the bench scene: no trust, no score, no
+# signals, no idempotency key. Scripts before 2026-12 always sent 5 fixed keys (absent ones
+# standing in as the record key) and 22 fixed args, 7 per limit; later ones send only the
+# blocks a check uses: the record key, 9 fixed args, 5 per limit. The header tells which.
+if grep -q '^ARGV\[22\]' "$tmp/script.lua"; then
+  head_keys=(lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__)
+  head_args=(__rand_int__ 0 0 10000 "" 0 0 0 0 "" 0 0 0 0 "" "" "" 0 "" "" 0 4)
+  per_limit=(0 0 "")
+else
+  head_keys=(lt:bench:req:__rand_int__)
+  head_args=(__rand_int__ 0 0 10000 "" 0 0 0 4)
+  per_limit=("")
+fi
 run() { # name user-key-segment
   local user=$2
   redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
   if [ -n "$cg" ]; then callgrind_control -z "$pid" >/dev/null 2>&1; fi
   redis-benchmark -p "$port" -c "$conns" -n "$n" -r 100000000 -q \
-    EVALSHA "$sha" 9 \
-    lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ \
+    EVALSHA "$sha" $((${#head_keys[@]} + 4)) \
+    "${head_keys[@]}" \
     "lt:bench:uid:$user" lt:bench:did:__rand_int__ lt:bench:fw:ip_60s:ip:__rand_int__ lt:bench:fw:activity_60s:act:a1 \
-    __rand_int__ 0 0 10000 "" 0 0 0 0 "" 0 0 0 0 "" "" "" 0 "" "" 0 4 \
-    s 10000 3 10000 1 0 "" \
-    s 86400000 10 86400000 0 0 "" \
-    f 60000 100 60000 0 0 "" \
-    f 60000 100000000 60000 0 0 "" >/dev/null
+    "${head_args[@]}" \
+    s 10000 3 10000 "${per_limit[@]}" \
+    s 86400000 10 86400000 "${per_limit[@]}" \
+    f 60000 100 60000 "${per_limit[@]}" \
+    f 60000 100000000 60000 "${per_limit[@]}" >/dev/null
   if [ -n "$cg" ]; then
     rm -f "$tmp"/cg.*; callgrind_control -d "$pid" >/dev/null 2>&1
     local ir=

@@ -6,54 +6,56 @@ the same doubles, in the same order), so the embedded decider and this script ag
 decider (src/decide/redis.rs) runs it after limits.lua, which defines the limits' arithmetic
 and recording, shared with check.lua (the window store's script).
 
-Optional keys keep KEYS positional: an absent one is replaced by the record key (KEYS[1])
-and an ARGV flag says so; the script never touches a stand-in.
+A block the check has no use for is not sent (each argument and key costs Redis a parse
+and a Lua string): the idempotency key only with one, the trust keys and arguments only
+with [trust], the score's arguments only with [score]. Within the trust and signal blocks
+an absent optional key is replaced by the record key (KEYS[1]) and an ARGV flag says so;
+the script never touches a stand-in.
 
-KEYS[1]        request record (<prefix>:<scene>:req:<request_id>); holds, for refund.lua,
-               what this request added to which limit key
-KEYS[2]        idempotency key, or the record key (ARGV[3] = "0")
-KEYS[3]        the user's trust points ZSET, or the record key (ARGV[7] = "0")
-KEYS[4]        the user's first sighting, or the record key (ARGV[8] = "0")
-KEYS[5]        the device's first sighting, or the record key (ARGV[9] = "0")
-KEYS[6+3*(i-1) .. 8+3*(i-1)], for signal i:
-               the signal's set; its all-requests set (or the record key, when the signal
-               has none); its last-user key (or the record key)
-KEYS[6+3*S+(j-1)], for limit j (S signals): the limit's key. Sliding limits over the same
-               dimensions share one ZSET, so a key may appear more than once
+KEYS, in this order:
+  the request record (<prefix>:<scene>:req:<request_id>); holds, for refund.lua, what
+               this request added to which limit key
+  the idempotency key, when ARGV[3] = "1"
+  with [trust] (ARGV[6] = "1"), three keys: the user's trust points ZSET, the user's first
+               sighting, the device's first sighting (each the record key when its flag
+               says it is absent)
+  for each signal, three keys: the signal's set; its all-requests set (or the record
+               key, when the signal has none); its last-user key (or the record key)
+  for each limit: the limit's key. Sliding limits over the same dimensions share one
+               ZSET, so a key may appear more than once
 
 ARGV[1]        request id
 ARGV[2]        dry run: "1" decides and writes nothing at all (no sighting, no signal, no
                limit, no trim), "0" records
-ARGV[3]        "1" when KEYS[2] is a real idempotency key
+ARGV[3]        "1" when the check has an idempotency key (the second key)
 ARGV[4]        TTL of the request and idempotency records, ms
 ARGV[5]        now in ms, or "" to read Redis TIME
 ARGV[6]        "1" when the rule set has [trust]; "0": no points (0), ages unknown, and
-               ARGV[7..17] are ignored
-ARGV[7]        "1" when KEYS[3] is the points key (there is a user)
-ARGV[8]        "1" when KEYS[4] is the user's sighting key (there is a user)
-ARGV[9]        "1" when KEYS[5] is the device's sighting key (there is a device)
-ARGV[10]       user_created_at, unix ms, or ""
-ARGV[11]       how long a sighting is kept after the last one, ms
-ARGV[12]       max_points
-ARGV[13]       bonus_per_point
-ARGV[14]       discount_per_point (float)
-ARGV[15]       new_account.younger_than, ms, or "" without [trust].new_account
-ARGV[16]       new_account.max_factor (float), or ""
-ARGV[17]       new_device.younger_than, ms, or "" without [trust].new_device
-ARGV[18]       "1" when the scene has [score]; "0": the score is 0 and denies nothing
-ARGV[19]       the weight of new_account (float), or ""
-ARGV[20]       silent_deny_at (float), or ""
-ARGV[21]       S, the number of signals
-ARGV[22]       L, the number of limits
-ARGV[23+10*(i-1) ..], 10 per signal i:
+               the trust block is not sent
+ARGV[7]        "1" when the scene has [score]; "0": the score is 0 and denies nothing, and
+               the score block is not sent
+ARGV[8]        S, the number of signals
+ARGV[9]        L, the number of limits
+then, with [trust], 11:
+               "1" when the points key is real (there is a user), "1" when the user's
+               sighting key is real (there is a user), "1" when the device's sighting key
+               is real (there is a device), user_created_at (unix ms, or ""), how long a
+               sighting is kept after the last one (ms), max_points, bonus_per_point,
+               discount_per_point (float), new_account.younger_than (ms, or "" without
+               [trust].new_account), new_account.max_factor (float, or ""),
+               new_device.younger_than (ms, or "" without [trust].new_device)
+then, with [score], 2:
+               the weight of new_account (float, or ""), silent_deny_at (float)
+then 10 per signal i:
                count ("users" "devices" "ips" "nets" "requests" "user_switches"), member,
                filter ("" "new_account" "new_device" "untrusted"), window_ms, max, cap,
                min_share (float, or ""), "1" when it has an all-requests key, "1" when it
                has a last-user key, weight (float, or "" when the score gives it none)
-ARGV[23+10*S+7*(j-1) ..], 7 per limit j:
+then per limit j, 5 (7 with [trust]):
                algorithm ("s" sliding window, "f" fixed window, "t" token bucket),
                window_ms, base max, retain_ms (sliding: the longest window sharing the key),
-               "1" when counted per user, "1" when trust points raise it, filter (as above)
+               filter (as above); with [trust] also "1" when counted per user, "1" when
+               trust points raise it
 
 Floats travel as decimal text that reads back to the same double (%.17g, or Rust's
 shortest round-trip form); integers as plain decimal.
@@ -79,7 +81,7 @@ Facts:
   points     sum of the leading integer of each member ("<points>:<type>:<event_id>") of
              the points ZSET whose score (expiry, ms) is > now; a real check trims the
              rest first.
-  user age   known with [trust].new_account and a user (ARGV[7] or ARGV[8]): born =
+  user age   known with [trust].new_account and a user (a real points or sighting key): born =
              user_created_at if given, else the first sighting (read, or now when there
              is none; a real check records it, or refreshes its TTL). young = now - born
              < younger_than. Unknown without a born (no created_at and no sighting key).
@@ -185,50 +187,66 @@ local COUNTS = {
   users = true, devices = true, ips = true, nets = true, requests = true, user_switches = true,
 }
 
+local has_trust = ARGV[6] == '1'
+local has_score = ARGV[7] == '1'
+local n_signals = num(8, 'signal count')
+local n_limits = num(9, 'limit count')
+if bad_arg then
+  return fail(bad_arg)
+end
+
+-- Where each block starts: a block the check has no use for is not sent at all (every
+-- argument and key costs Redis a parse and a Lua string).
+local a = 10
+local k = 2
+local idem_key = nil
+if has_idem then
+  idem_key = KEYS[2]
+  k = 3
+end
+
 local trust = nil
-if ARGV[6] == '1' then
+local points_key, user_seen_key, device_seen_key
+if has_trust then
   trust = {
-    has_points = ARGV[7] == '1',
-    has_user_seen = ARGV[8] == '1',
-    has_device_seen = ARGV[9] == '1',
-    user_created = opt(10, 'user_created_ms'),
-    seen_ttl = math.max(num(11, 'seen_ttl_ms') or 1, 1),
-    max_points = num(12, 'max_points'),
-    bonus = num(13, 'bonus_per_point'),
-    discount = num(14, 'discount_per_point'),
-    na_younger = opt(15, 'new_account younger_than'),
-    na_factor = opt(16, 'new_account max_factor'),
-    nd_younger = opt(17, 'new_device younger_than'),
+    has_points = ARGV[a] == '1',
+    has_user_seen = ARGV[a + 1] == '1',
+    has_device_seen = ARGV[a + 2] == '1',
+    user_created = opt(a + 3, 'user_created_ms'),
+    seen_ttl = math.max(num(a + 4, 'seen_ttl_ms') or 1, 1),
+    max_points = num(a + 5, 'max_points'),
+    bonus = num(a + 6, 'bonus_per_point'),
+    discount = num(a + 7, 'discount_per_point'),
+    na_younger = opt(a + 8, 'new_account younger_than'),
+    na_factor = opt(a + 9, 'new_account max_factor'),
+    nd_younger = opt(a + 10, 'new_device younger_than'),
   }
   if (trust.na_younger == nil) ~= (trust.na_factor == nil) then
     return fail('new_account needs both younger_than and max_factor')
   end
+  points_key, user_seen_key, device_seen_key = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+  a = a + 11
+  k = k + 3
 end
 
-local has_score = ARGV[18] == '1'
-local na_weight = opt(19, 'new_account weight')
+local na_weight = nil
 local deny_at = nil
 if has_score then
-  deny_at = num(20, 'silent_deny_at')
+  na_weight = opt(a, 'new_account weight')
+  deny_at = num(a + 1, 'silent_deny_at')
+  a = a + 2
 end
 
-local n_signals = num(21, 'signal count')
-local n_limits = num(22, 'limit count')
-if bad_arg then
-  return fail(bad_arg)
-end
-local LIMITS_AT = 23 + 10 * n_signals
-if #ARGV ~= 22 + 10 * n_signals + 7 * n_limits then
+local PER_LIMIT = has_trust and 7 or 5
+if #ARGV ~= a - 1 + 10 * n_signals + PER_LIMIT * n_limits then
   return fail(#ARGV .. ' arguments for ' .. n_signals .. ' signals and ' .. n_limits .. ' limits')
 end
-if #KEYS ~= 5 + 3 * n_signals + n_limits then
+if #KEYS ~= k - 1 + 3 * n_signals + n_limits then
   return fail(#KEYS .. ' keys for ' .. n_signals .. ' signals and ' .. n_limits .. ' limits')
 end
 
 local signals = {}
 for i = 1, n_signals do
-  local a = 23 + 10 * (i - 1)
-  local k = 6 + 3 * (i - 1)
   local s = {
     count = ARGV[a],
     member = ARGV[a + 1],
@@ -259,20 +277,26 @@ for i = 1, n_signals do
     s.cap = 1
   end
   signals[i] = s
+  a = a + 10
+  k = k + 3
 end
 
 local limits = {}
 for j = 1, n_limits do
-  local a = LIMITS_AT + 7 * (j - 1)
+  -- Every field limits.lua fills in is in the constructor: the table is sized once (a
+  -- field added later regrows it, a measurable cost per limit).
   local l = {
-    key = KEYS[5 + 3 * n_signals + j],
+    key = KEYS[k],
     algo = ARGV[a],
     window = num(a + 1, 'window', 'limit', j),
     base_max = num(a + 2, 'max', 'limit', j),
     retain = num(a + 3, 'retain', 'limit', j),
-    per_user = ARGV[a + 4] == '1',
-    trust_bonus = ARGV[a + 5] == '1',
-    filter = ARGV[a + 6],
+    filter = ARGV[a + 4],
+    -- Sent only with [trust]: without it the max is the base max.
+    per_user = has_trust and ARGV[a + 5] == '1',
+    trust_bonus = has_trust and ARGV[a + 6] == '1',
+    max = 0, applies = false, count = 0, after = 0, exceeded = false, retry = 0,
+    start = 0, fresh = false, tokens = 0,
   }
   if not LIMIT_ALGORITHMS[l.algo] then
     return fail('limit ' .. j .. ': unknown algorithm ' .. tostring(l.algo))
@@ -281,6 +305,8 @@ for j = 1, n_limits do
     return fail('limit ' .. j .. ': unknown filter ' .. tostring(l.filter))
   end
   limits[j] = l
+  a = a + PER_LIMIT
+  k = k + 1
 end
 if bad_arg then
   return fail(bad_arg)
@@ -296,10 +322,6 @@ if now == nil then
 end
 
 -- The same request id twice counts once; the same idempotency key names the first request.
-local idem_key = nil
-if has_idem then
-  idem_key = KEYS[2]
-end
 local first = counted_before(KEYS[1], request_id, idem_key)
 if first then
   return { 'dup', first }
@@ -417,7 +439,7 @@ end
 
 if trust then
   if trust.has_points then
-    local key = KEYS[3]
+    local key = points_key
     if not dry_run then
       redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
     end
@@ -431,7 +453,7 @@ if trust then
   if trust.na_younger and has_user then
     local born = trust.user_created
     if born == nil and trust.has_user_seen then
-      born = sighting(KEYS[4])
+      born = sighting(user_seen_key)
     end
     if born ~= nil then
       new_account = young(born, trust.na_younger) and 1 or 0
@@ -439,7 +461,7 @@ if trust then
   end
 
   if trust.nd_younger and trust.has_device_seen then
-    new_device = young(sighting(KEYS[5]), trust.nd_younger) and 1 or 0
+    new_device = young(sighting(device_seen_key), trust.nd_younger) and 1 or 0
   end
 end
 

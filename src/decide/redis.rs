@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use ::redis::{Script, Value};
+use ::redis::{Cmd, Script, ToRedisArgs, Value};
 use async_trait::async_trait;
 
 use super::{CheckPlan, Decided, Decider, Facts, Judgement, LimitValue, Outcome, SignalValue};
@@ -33,16 +33,16 @@ const DECIDE_LUA: &str = concat!(
     include_str!("../../lua/decide.lua")
 );
 
-/// Fixed KEYS before the per-signal ones: record, idempotency, points, user and device
-/// sightings.
-const FIXED_KEYS: usize = 5;
+/// KEYS with [trust]: points, user and device sightings.
+const TRUST_KEYS: usize = 3;
 /// KEYS per signal: its set, its all-requests set, its last-user key.
 const KEYS_PER_SIGNAL: usize = 3;
-/// Fixed ARGV before the per-signal ones.
-const FIXED_ARGS: usize = 22;
-/// ARGV per signal and per limit.
+/// ARGV every call has; those of [trust] and of [score], sent only with them.
+const FIXED_ARGS: usize = 9;
+const TRUST_ARGS: usize = 11;
+const SCORE_ARGS: usize = 2;
+/// ARGV per signal.
 const ARGS_PER_SIGNAL: usize = 10;
-const ARGS_PER_LIMIT: usize = 7;
 
 /// A [`Decider`] on the node's Redis.
 pub struct RedisDecider {
@@ -90,11 +90,11 @@ impl RedisDecider {
         self.clock.as_ref().is_some_and(|c| !c.is_wall())
     }
 
-    /// The script's `now` argument: empty means "read Redis TIME".
-    fn now_arg(&self) -> String {
+    /// The script's `now` argument: `None` means "read Redis TIME".
+    fn now_arg(&self) -> Option<u64> {
         match &self.clock {
-            Some(clock) if !clock.is_wall() => clock.now_ms().to_string(),
-            _ => String::new(),
+            Some(clock) if !clock.is_wall() => Some(clock.now_ms()),
+            _ => None,
         }
     }
 }
@@ -102,40 +102,22 @@ impl RedisDecider {
 #[async_trait]
 impl Decider for RedisDecider {
     async fn decide(&self, plan: &CheckPlan) -> Result<Decided, StoreError> {
-        let (keys, args) = invocation(plan, self.now_arg());
-        let mut inv = self.script.prepare_invoke();
-        for key in &keys {
-            inv.key(key);
-        }
-        for arg in &args {
-            inv.arg(arg);
-        }
-        let mut conn = self.link.conn().await?;
-        let reply: Value = self.link.run(inv.invoke_async(&mut conn)).await?;
+        let cmd = invocation(self.script.get_hash(), plan, self.now_arg());
+        let reply = self.link.eval(&self.script, &cmd).await?;
         parse_reply(reply, plan)
     }
 }
 
-fn flag(b: bool) -> String {
-    if b { "1" } else { "0" }.to_string()
+fn flag(b: bool) -> &'static str {
+    if b {
+        "1"
+    } else {
+        "0"
+    }
 }
 
-/// A float as text that reads back as the same double (Rust's shortest round-trip form;
-/// Lua's `tonumber` is `strtod`).
-fn float(x: f64) -> String {
-    x.to_string()
-}
-
-fn opt_float(x: Option<f64>) -> String {
-    x.map(float).unwrap_or_default()
-}
-
-fn opt_int(x: Option<u64>) -> String {
-    x.map(|n| n.to_string()).unwrap_or_default()
-}
-
-fn filter_arg(filter: Option<Filter>) -> String {
-    filter.map(|f| f.name().to_string()).unwrap_or_default()
+fn filter_arg(filter: Option<Filter>) -> &'static str {
+    filter.map(Filter::name).unwrap_or_default()
 }
 
 /// A signal's member as the script stores it: 16 lowercase hex digits, as the embedded
@@ -143,106 +125,125 @@ fn filter_arg(filter: Option<Filter>) -> String {
 /// counted by `requests`) is hashed. A ZSET orders such members as the embedded sets order
 /// their `u64`s, so members seen in one millisecond leave a full set in the same order on
 /// both deciders.
-fn script_member(member: &str) -> String {
-    format!("{:016x}", member_of(member))
+fn script_member(member: &str) -> [u8; 16] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let h = member_of(member);
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = HEX[((h >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
 }
 
-/// KEYS and ARGV of one call, in the layout of the script header. An absent optional key
-/// is the record key plus a flag, so positions never move.
-fn invocation(plan: &CheckPlan, now: String) -> (Vec<String>, Vec<String>) {
-    let stand_in = &plan.record_key;
-    let or_stand_in = |k: &Option<String>| k.as_deref().unwrap_or(stand_in).to_string();
-    let trust = plan.trust.as_ref();
+/// An optional key, or the record key standing in for it (its flag says which).
+fn or_record<'a>(key: &'a Option<String>, plan: &'a CheckPlan) -> &'a str {
+    key.as_deref().unwrap_or(&plan.record_key)
+}
 
-    let mut keys =
-        Vec::with_capacity(FIXED_KEYS + KEYS_PER_SIGNAL * plan.signals.len() + plan.limits.len());
-    keys.push(plan.record_key.clone());
-    keys.push(or_stand_in(&plan.idempotency_key));
-    keys.push(or_stand_in(&trust.and_then(|t| t.points_key.clone())));
-    keys.push(or_stand_in(&trust.and_then(|t| t.user_seen_key.clone())));
-    keys.push(or_stand_in(&trust.and_then(|t| t.device_seen_key.clone())));
+/// An optional argument: absent is "".
+fn opt<T: ToRedisArgs>(cmd: &mut Cmd, x: Option<T>) {
+    match x {
+        Some(x) => cmd.arg(x),
+        None => cmd.arg(""),
+    };
+}
+
+/// The EVALSHA of one check, in the layout of the script header, packed straight into
+/// one command: every key and argument is written once, into the command's own buffer
+/// (numbers formatted in place), with no string of its own. `now`: `None` reads Redis
+/// `TIME`.
+fn invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> Cmd {
+    let trust = plan.trust.as_ref();
+    let n_keys = 1
+        + usize::from(plan.idempotency_key.is_some())
+        + if trust.is_some() { TRUST_KEYS } else { 0 }
+        + KEYS_PER_SIGNAL * plan.signals.len()
+        + plan.limits.len();
+    let n_args = FIXED_ARGS
+        + trust.map_or(0, |_| TRUST_ARGS)
+        + plan.score.as_ref().map_or(0, |_| SCORE_ARGS)
+        + ARGS_PER_SIGNAL * plan.signals.len()
+        + plan.limits.len() * if trust.is_some() { 7 } else { 5 };
+    let mut cmd = Cmd::with_capacity(3 + n_keys + n_args, 64 * (n_keys + n_args));
+    cmd.arg("EVALSHA").arg(sha).arg(n_keys);
+
+    cmd.arg(&plan.record_key);
+    if let Some(idem) = &plan.idempotency_key {
+        cmd.arg(idem);
+    }
+    if let Some(t) = trust {
+        cmd.arg(or_record(&t.points_key, plan))
+            .arg(or_record(&t.user_seen_key, plan))
+            .arg(or_record(&t.device_seen_key, plan));
+    }
     for s in &plan.signals {
-        keys.push(s.key.clone());
-        keys.push(or_stand_in(&s.all_key));
-        keys.push(or_stand_in(&s.last_key));
+        cmd.arg(&s.key)
+            .arg(or_record(&s.all_key, plan))
+            .arg(or_record(&s.last_key, plan));
     }
     for l in &plan.limits {
-        keys.push(l.key.clone());
+        cmd.arg(&l.key);
     }
 
-    let mut args = Vec::with_capacity(
-        FIXED_ARGS + ARGS_PER_SIGNAL * plan.signals.len() + ARGS_PER_LIMIT * plan.limits.len(),
-    );
-    args.push(plan.request_id.clone());
-    args.push(flag(plan.dry_run));
-    args.push(flag(plan.idempotency_key.is_some()));
-    args.push(plan.record_ttl_ms.max(1).to_string());
-    args.push(now);
-    match trust {
-        Some(t) => {
-            args.push(flag(true));
-            args.push(flag(t.points_key.is_some()));
-            args.push(flag(t.user_seen_key.is_some()));
-            args.push(flag(t.device_seen_key.is_some()));
-            args.push(opt_int(t.user_created_ms));
-            // PX 0 is an error in Redis; a sighting lives at least a millisecond.
-            args.push(t.seen_ttl_ms.max(1).to_string());
-            args.push(t.max_points.to_string());
-            args.push(t.bonus_per_point.to_string());
-            args.push(float(t.discount_per_point));
-            args.push(opt_int(t.new_account.map(|(younger, _)| younger)));
-            args.push(opt_float(t.new_account.map(|(_, factor)| factor)));
-            args.push(opt_int(t.new_device_ms));
-        }
-        None => {
-            args.push(flag(false));
-            args.extend(std::iter::repeat_n(String::new(), 11));
-        }
+    cmd.arg(&plan.request_id)
+        .arg(flag(plan.dry_run))
+        .arg(flag(plan.idempotency_key.is_some()))
+        .arg(plan.record_ttl_ms.max(1));
+    opt(&mut cmd, now);
+    cmd.arg(flag(trust.is_some()))
+        .arg(flag(plan.score.is_some()))
+        .arg(plan.signals.len())
+        .arg(plan.limits.len());
+    if let Some(t) = trust {
+        cmd.arg(flag(t.points_key.is_some()))
+            .arg(flag(t.user_seen_key.is_some()))
+            .arg(flag(t.device_seen_key.is_some()));
+        opt(&mut cmd, t.user_created_ms);
+        // PX 0 is an error in Redis; a sighting lives at least a millisecond.
+        cmd.arg(t.seen_ttl_ms.max(1))
+            .arg(t.max_points)
+            .arg(t.bonus_per_point)
+            .arg(t.discount_per_point);
+        opt(&mut cmd, t.new_account.map(|(younger, _)| younger));
+        opt(&mut cmd, t.new_account.map(|(_, factor)| factor));
+        opt(&mut cmd, t.new_device_ms);
     }
-    match &plan.score {
-        Some(score) => {
-            args.push(flag(true));
-            args.push(opt_float(score.new_account_weight));
-            args.push(float(score.silent_deny_at));
-        }
-        None => {
-            args.push(flag(false));
-            args.push(String::new());
-            args.push(String::new());
-        }
+    if let Some(score) = &plan.score {
+        opt(&mut cmd, score.new_account_weight);
+        cmd.arg(score.silent_deny_at);
     }
-    args.push(plan.signals.len().to_string());
-    args.push(plan.limits.len().to_string());
     for (i, s) in plan.signals.iter().enumerate() {
-        args.push(s.count.name().to_string());
-        args.push(script_member(&s.member));
-        args.push(filter_arg(s.filter));
-        args.push(s.window_ms.to_string());
-        args.push(s.max.to_string());
-        // The embedded decider's bounds (`SignalSpec::of`): memory stays bounded whatever
-        // a plan says.
-        args.push(s.cap.clamp(1, MAX_CAP).to_string());
-        args.push(opt_float(s.min_share));
-        args.push(flag(s.all_key.is_some()));
-        args.push(flag(s.last_key.is_some()));
+        cmd.arg(s.count.name())
+            .arg(&script_member(&s.member)[..])
+            .arg(filter_arg(s.filter))
+            .arg(s.window_ms)
+            .arg(s.max)
+            // The embedded decider's bounds (`SignalSpec::of`): memory stays bounded
+            // whatever a plan says.
+            .arg(s.cap.clamp(1, MAX_CAP));
+        opt(&mut cmd, s.min_share);
+        cmd.arg(flag(s.all_key.is_some()))
+            .arg(flag(s.last_key.is_some()));
         // Weights pair with signals like `zip` in math::score: a missing one adds nothing.
-        args.push(opt_float(
+        opt(
+            &mut cmd,
             plan.score.as_ref().and_then(|p| p.weights.get(i).copied()),
-        ));
+        );
     }
     for l in &plan.limits {
         // A zero window would divide by zero in the script; the rule compiler rejects it,
         // this only keeps a bad plan from turning into a script error.
         let window_ms = l.window_ms.max(1);
-        args.push(algo_code(l.algorithm).to_string());
-        args.push(window_ms.to_string());
-        args.push(l.base_max.to_string());
-        args.push(l.retain_ms.max(window_ms).to_string());
-        args.push(flag(l.per_user));
-        args.push(flag(l.trust_bonus));
-        args.push(filter_arg(l.filter));
+        cmd.arg(algo_code(l.algorithm))
+            .arg(window_ms)
+            .arg(l.base_max)
+            .arg(l.retain_ms.max(window_ms))
+            .arg(filter_arg(l.filter));
+        if trust.is_some() {
+            cmd.arg(flag(l.per_user)).arg(flag(l.trust_bonus));
+        }
     }
-    (keys, args)
+    cmd
 }
 
 /// Reads the flat reply front to back; every error names the field it was reading.
@@ -550,20 +551,52 @@ mod tests {
         Value::Array(parts.concat())
     }
 
+    /// The KEYS and ARGV an invocation sends, as text.
+    fn sent(p: &CheckPlan, now: Option<u64>) -> (Vec<String>, Vec<String>) {
+        let cmd = invocation("0123abcd", p, now);
+        let words: Vec<String> = cmd
+            .args_iter()
+            .map(|a| match a {
+                ::redis::Arg::Simple(b) => String::from_utf8(b.to_vec()).expect("utf-8"),
+                other => panic!("not a plain word in an EVALSHA: {other:?}"),
+            })
+            .collect();
+        assert_eq!(&words[..2], ["EVALSHA", "0123abcd"]);
+        let n_keys: usize = words[2].parse().expect("numkeys");
+        (words[3..3 + n_keys].to_vec(), words[3 + n_keys..].to_vec())
+    }
+
     #[test]
     fn the_layout_is_the_headers() {
         let p = plan();
-        let (keys, args) = invocation(&p, "123".into());
-        assert_eq!(keys.len(), FIXED_KEYS + 3 * 2 + 2);
-        assert_eq!(args.len(), FIXED_ARGS + 10 * 2 + 7 * 2);
+        let (keys, args) = sent(&p, Some(123));
+        // No idempotency key: not sent. With [trust], its three keys follow the record.
+        assert_eq!(keys.len(), 1 + TRUST_KEYS + 3 * 2 + 2);
+        assert_eq!(
+            args.len(),
+            FIXED_ARGS + TRUST_ARGS + SCORE_ARGS + 10 * 2 + 7 * 2
+        );
         // Absent optional keys are the record key; flags say which are real.
-        assert_eq!(keys[1], p.record_key);
-        assert_eq!(keys[4], p.record_key);
-        assert_eq!(&keys[5..8], ["p:s:sg:upn", "p:s:sa:upn", "p:s:req:r1"]);
-        assert_eq!(&keys[8..11], ["p:s:sg:sw", "p:s:req:r1", "p:s:sl:sw"]);
-        assert_eq!(&args[2..9], ["0", "10000", "123", "1", "1", "1", "0"]);
-        assert_eq!(&args[13], "0.1");
-        assert_eq!(&args[20..22], ["2", "2"]);
+        assert_eq!(
+            &keys[..4],
+            [
+                "p:s:req:r1",
+                "p:trust-points:uid:u",
+                "p:user-seen:uid:u",
+                "p:s:req:r1"
+            ]
+        );
+        assert_eq!(&keys[4..7], ["p:s:sg:upn", "p:s:sa:upn", "p:s:req:r1"]);
+        assert_eq!(&keys[7..10], ["p:s:sg:sw", "p:s:req:r1", "p:s:sl:sw"]);
+        assert_eq!(
+            &args[..9],
+            ["r1", "0", "0", "10000", "123", "1", "1", "2", "2"]
+        );
+        // The trust block, then the score block.
+        assert_eq!(
+            &args[9..22],
+            ["1", "1", "0", "", "1000", "5", "1", "0.1", "86400000", "0.5", "", "", "0.7"]
+        );
         assert_eq!(
             &args[22..32],
             [
@@ -579,20 +612,30 @@ mod tests {
                 "0.6"
             ]
         );
-        assert_eq!(&args[42..49], ["s", "10000", "5", "10000", "1", "0", ""]);
+        assert_eq!(&args[42..49], ["s", "10000", "5", "10000", "", "1", "0"]);
 
+        // Without [trust], [score], signals or an idempotency key, none of their blocks
+        // is sent; Redis TIME is asked for with an empty now.
         let bare = CheckPlan {
             trust: None,
             score: None,
             signals: vec![],
-            limits: vec![],
+            limits: vec![limit("p:s:uid:u")],
             ..p
         };
-        let (keys, args) = invocation(&bare, String::new());
-        assert_eq!(keys.len(), FIXED_KEYS);
-        assert_eq!(args.len(), FIXED_ARGS);
-        assert_eq!(args[5], "0");
-        assert_eq!(args[17], "0");
+        let (keys, args) = sent(&bare, None);
+        assert_eq!(keys, ["p:s:req:r1", "p:s:uid:u"]);
+        assert_eq!(
+            args,
+            ["r1", "0", "0", "10000", "", "0", "0", "0", "1", "s", "10000", "5", "10000", ""]
+        );
+        let idem = CheckPlan {
+            idempotency_key: Some("p:s:idem:k".into()),
+            ..bare
+        };
+        let (keys, args) = sent(&idem, None);
+        assert_eq!(keys, ["p:s:req:r1", "p:s:idem:k", "p:s:uid:u"]);
+        assert_eq!(args[2], "1");
     }
 
     #[test]

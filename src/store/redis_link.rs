@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Script};
+use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::breaker::Breaker;
 use super::redis::{bounded, map_redis_error};
@@ -213,6 +213,23 @@ impl RedisLink {
         let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
         local_put(self.id, epoch, fresh.clone());
         Ok(fresh)
+    }
+
+    /// Runs `cmd`, an EVALSHA of `script` packed by the caller, as one call: a Redis that
+    /// lost its scripts (a restart, `SCRIPT FLUSH`, a failover to a replica that never
+    /// loaded them) gets `script` loaded and `cmd` once more, within the same deadline.
+    pub async fn eval(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
+        let mut conn = self.conn().await?;
+        self.run(async {
+            match cmd.query_async::<Value>(&mut conn).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await?;
+                    cmd.query_async(&mut conn).await
+                }
+                other => other,
+            }
+        })
+        .await
     }
 
     /// Runs one call under the deadline and tells the breaker how it went.
