@@ -480,7 +480,7 @@ fn spawn_sighup_reload(reloader: Arc<Reloader>) {
 
 /// Runs the service until SIGINT or SIGTERM (graceful: in-flight checks finish).
 pub async fn serve(config: &Config) -> Result<(), StartError> {
-    let running = start(config, None, Arc::new(SystemClock)).await?;
+    let running = start(config, Some(config.worker_threads()), Arc::new(SystemClock)).await?;
     let store_at = match config.store.backend {
         StoreBackend::Embedded => config.data_dir.display().to_string(),
         _ => crate::sweep::redact(&config.store.redis_url),
