@@ -50,7 +50,7 @@ if grep -q '^ARGV\[22\]' "$tmp/script.lua"; then
   per_limit=(0 0 "")
 else
   head_keys=(lt:bench:req:__rand_int__)
-  head_args=(__rand_int__ 0 0 10000 "" 0 0 0 4)
+  head_args=(__rand_int__ 0 "" 10000 "" 0 0 0 4)
   per_limit=("")
 fi
 run() { # name user-key-segment

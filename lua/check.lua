@@ -66,7 +66,7 @@ if now == nil then
   return redis.error_reply('check.lua: now (ARGV[5]) is not a number')
 end
 
-local first = counted_before(KEYS[1], request_id, idem_key)
+local first = counted_before(KEYS[1], request_id, true, idem_key)
 if first then
   return {'dup', first, 0}
 end

@@ -15,7 +15,7 @@ the script never touches a stand-in.
 KEYS, in this order:
   the request record (<prefix>:<scene>:req:<request_id>); holds, for refund.lua, what
                this request added to which limit key
-  the idempotency key, when ARGV[3] = "1"
+  the idempotency key, when ARGV[3] has an "i"
   with [trust] (ARGV[6] = "1"), three keys: the user's trust points ZSET, the user's first
                sighting, the device's first sighting (each the record key when its flag
                says it is absent)
@@ -27,7 +27,9 @@ KEYS, in this order:
 ARGV[1]        request id
 ARGV[2]        dry run: "1" decides and writes nothing at all (no sighting, no signal, no
                limit, no trim), "0" records
-ARGV[3]        "1" when the check has an idempotency key (the second key)
+ARGV[3]        the repeats to look for: "r" the request's record (the caller named the
+               request id), "i" the idempotency key (the second key), "ri" both, ""
+               neither (a request id the service made, no idempotency key)
 ARGV[4]        TTL of the request and idempotency records, ms
 ARGV[5]        now in ms, or "" to read Redis TIME
 ARGV[6]        "1" when the rule set has [trust]; "0": no points (0), ages unknown, and
@@ -156,7 +158,8 @@ end
 
 local request_id = ARGV[1]
 local dry_run = ARGV[2] == '1'
-local has_idem = ARGV[3] == '1'
+local has_idem = ARGV[3] == 'i' or ARGV[3] == 'ri'
+local by_id = ARGV[3] == 'r' or ARGV[3] == 'ri'
 local record_ttl = math.max(tonumber(ARGV[4]) or 0, 1)
 
 local bad_arg
@@ -322,7 +325,7 @@ if now == nil then
 end
 
 -- The same request id twice counts once; the same idempotency key names the first request.
-local first = counted_before(KEYS[1], request_id, idem_key)
+local first = counted_before(KEYS[1], request_id, by_id, idem_key)
 if first then
   return { 'dup', first }
 end

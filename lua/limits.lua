@@ -71,10 +71,11 @@ local function clock_now(arg)
 end
 
 -- The same request id twice counts once; the same idempotency key names the first request.
--- Returns the request id that was counted, or nil when this request is new. idem_key: nil
--- when the check carries none.
-local function counted_before(record_key, request_id, idem_key)
-  if redis.call('EXISTS', record_key) == 1 then
+-- Returns the request id that was counted, or nil when this request is new. by_id: false
+-- when the service made the request id for this check (a fresh ULID cannot have been
+-- counted: no lookup). idem_key: nil when the check carries none.
+local function counted_before(record_key, request_id, by_id, idem_key)
+  if by_id and redis.call('EXISTS', record_key) == 1 then
     return request_id
   end
   if idem_key then

@@ -265,6 +265,7 @@ mod tests {
             record_key: "lt:s:req:r1".into(),
             idempotency_key: None,
             request_id: "r1".into(),
+            id_given: true,
             record_ttl_ms: 10_000,
             dry_run: false,
             trust: None,

@@ -60,6 +60,7 @@ pub fn plan(
             .as_deref()
             .map(|k| ks.idempotency_key(k)),
         request_id: req.request_id.clone(),
+        id_given: req.id_given,
         record_ttl_ms: record_ttl_ms(scene, record_horizon_ms),
         dry_run: req.dry_run,
         trust: trust(prefix, rules, req),

@@ -228,6 +228,7 @@ mod tests {
             record_key: format!("vg:s:req:{request_id}"),
             idempotency_key: None,
             request_id: request_id.into(),
+            id_given: true,
             record_ttl_ms: 60_000,
             dry_run: false,
             trust: None,

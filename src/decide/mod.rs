@@ -47,6 +47,10 @@ pub struct CheckPlan {
     /// `<prefix>:<scene>:idem:<key>`, when the check carries an idempotency key.
     pub idempotency_key: Option<String>,
     pub request_id: String,
+    /// The caller named the request id, so the check may repeat an earlier one; an id the
+    /// service made for this check (a fresh ULID) cannot have been counted, and the Redis
+    /// decider does not look for its record.
+    pub id_given: bool,
     /// How long the request and idempotency records live (the longest window, >= 1 s).
     pub record_ttl_ms: u64,
     /// Decide as if recording, record nothing (no sighting, no signal, no limit).

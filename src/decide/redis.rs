@@ -116,6 +116,17 @@ fn flag(b: bool) -> &'static str {
     }
 }
 
+/// Which earlier checks this one may repeat, as decide.lua's ARGV[3] names them: "r" a
+/// request id the caller named, "i" an idempotency key.
+fn repeats(plan: &CheckPlan) -> &'static str {
+    match (plan.id_given, plan.idempotency_key.is_some()) {
+        (true, true) => "ri",
+        (true, false) => "r",
+        (false, true) => "i",
+        (false, false) => "",
+    }
+}
+
 fn filter_arg(filter: Option<Filter>) -> &'static str {
     filter.map(Filter::name).unwrap_or_default()
 }
@@ -187,7 +198,7 @@ fn invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> Cmd {
 
     cmd.arg(&plan.request_id)
         .arg(flag(plan.dry_run))
-        .arg(flag(plan.idempotency_key.is_some()))
+        .arg(repeats(plan))
         .arg(plan.record_ttl_ms.max(1));
     opt(&mut cmd, now);
     cmd.arg(flag(trust.is_some()))
@@ -485,6 +496,7 @@ mod tests {
             record_key: "p:s:req:r1".into(),
             idempotency_key: None,
             request_id: "r1".into(),
+            id_given: true,
             record_ttl_ms: 10_000,
             dry_run: false,
             trust: Some(TrustPlan {
@@ -590,7 +602,7 @@ mod tests {
         assert_eq!(&keys[7..10], ["p:s:sg:sw", "p:s:req:r1", "p:s:sl:sw"]);
         assert_eq!(
             &args[..9],
-            ["r1", "0", "0", "10000", "123", "1", "1", "2", "2"]
+            ["r1", "0", "r", "10000", "123", "1", "1", "2", "2"]
         );
         // The trust block, then the score block.
         assert_eq!(
@@ -627,7 +639,7 @@ mod tests {
         assert_eq!(keys, ["p:s:req:r1", "p:s:uid:u"]);
         assert_eq!(
             args,
-            ["r1", "0", "0", "10000", "", "0", "0", "0", "1", "s", "10000", "5", "10000", ""]
+            ["r1", "0", "r", "10000", "", "0", "0", "0", "1", "s", "10000", "5", "10000", ""]
         );
         let idem = CheckPlan {
             idempotency_key: Some("p:s:idem:k".into()),
@@ -635,7 +647,17 @@ mod tests {
         };
         let (keys, args) = sent(&idem, None);
         assert_eq!(keys, ["p:s:req:r1", "p:s:idem:k", "p:s:uid:u"]);
-        assert_eq!(args[2], "1");
+        assert_eq!(args[2], "ri");
+        let made = CheckPlan {
+            id_given: false,
+            ..idem
+        };
+        assert_eq!(sent(&made, None).1[2], "i");
+        let bare_made = CheckPlan {
+            idempotency_key: None,
+            ..made
+        };
+        assert_eq!(sent(&bare_made, None).1[2], "");
     }
 
     #[test]

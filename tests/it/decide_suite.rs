@@ -114,6 +114,7 @@ fn check(id: &str) -> CheckPlan {
         record_key: record_key(id),
         idempotency_key: None,
         request_id: id.to_string(),
+        id_given: true,
         record_ttl_ms: HOUR,
         dry_run: false,
         trust: None,
@@ -197,6 +198,11 @@ trait PlanExt: Sized {
     }
     fn dry(mut self) -> Self {
         self.plan().dry_run = true;
+        self
+    }
+    /// The service made the request id (the caller named none).
+    fn made_id(mut self) -> Self {
+        self.plan().id_given = false;
         self
     }
     fn idem(mut self, key: &str) -> Self {
@@ -2001,6 +2007,33 @@ async fn decide_on_redis_is_one_evalsha_and_nothing_else() {
         redis_non_evalsha_script_calls(server),
         scripts,
         "no EVAL, SCRIPT or MULTI"
+    );
+}
+
+/// A request id the service made for this check is new by construction: the script does
+/// not look for its record (a call per check saved), while an id the caller named is
+/// still looked up, and its repeat counts once.
+#[tokio::test]
+async fn on_redis_only_a_named_request_id_is_looked_up() {
+    let env = Env::redis().await;
+    let server = env.server();
+    let exists = || server.command_calls().get("exists").copied().unwrap_or(0);
+    let plan = |id: &str| check(id).user("ann").limit(sliding("uid:ann", HOUR, 5));
+
+    allowed(&env.judged(&plan("m1").made_id()).await);
+    allowed(&env.judged(&plan("m2").made_id()).await);
+    assert_eq!(exists(), 0, "no lookup for ids the service made");
+
+    allowed(&env.judged(&plan("n1")).await);
+    assert_eq!(exists(), 1);
+    assert_eq!(
+        env.decide(&plan("n1")).await,
+        Decided::Duplicate { of: "n1".into() }
+    );
+    assert_eq!(
+        allowed(&env.judged(&plan("n2")).await),
+        [4],
+        "the repeat counted once"
     );
 }
 
