@@ -36,7 +36,12 @@ Stored shapes (refund.lua reads them):
   sliding  ZSET  member = request id, score = ms
   fixed    HASH  s = window start (aligned: now - now % window), c = count in that window
   bucket   HASH  tk = tokens left at ts, ts = ms of last spend, cap = capacity (for refund)
-  record   STRING cjson {"k": {<key>: "z" | "f:<start>" | "t"}} (what refund.lua undoes)
+  record   STRING cjson {"k": {<key>: "f:<start>" | "t"}}: the fixed windows and buckets
+           written (what refund.lua cannot tell from the key itself). A sliding ZSET is not
+           named: its member is the request id, so refund.lua removes the id from the
+           caller's candidate ZSETs, which touches nothing this request did not add; a
+           record naming every key cost Redis ~70 B per check of a four-limit scene.
+           (Records written before 2026-12 also name sliding keys as "z".)
   idem     STRING the request id that was counted
 Expiries: a sliding ZSET the longest retain naming it + MARGIN after its newest member, a
 fixed window HASH MARGIN after the window's end, a bucket MARGIN after it is full again;
@@ -186,6 +191,7 @@ local function limits_record(limits, now, request_id, record_key, idem_key, reco
   -- A key named twice (sliding limits sharing a ZSET) is written once; its expiry follows
   -- the longest retain among the applying limits naming it.
   local record = {}
+  local written = {}
   local retain_of = {}
   for i = 1, #limits do
     local l = limits[i]
@@ -197,7 +203,7 @@ local function limits_record(limits, now, request_id, record_key, idem_key, reco
   for i = 1, #limits do
     local l = limits[i]
     local key = l.key
-    if l.applies and record[key] == nil then
+    if l.applies and not written[key] then
       if l.algo == 's' then
         -- Members at or before now - retain are outside every window sharing this key.
         redis.call('ZREMRANGEBYSCORE', key, '-inf', now - retain_of[key])
@@ -205,8 +211,10 @@ local function limits_record(limits, now, request_id, record_key, idem_key, reco
         -- On every add, not only the first: the newest member decides how long the key
         -- must live (the seed's first-write expiry dropped members still inside the window).
         redis.call('PEXPIRE', key, retain_of[key] + MARGIN)
-        record[key] = 'z'
+        -- Written once (a key named twice), but not in the record: see the header.
+        written[key] = true
       elseif l.algo == 'f' then
+        written[key] = true
         if l.fresh then
           redis.call('HSET', key, 's', l.start, 'c', l.count + 1)
           -- The expiry is a point in time (the window's end plus the margin), the same for
@@ -223,12 +231,14 @@ local function limits_record(limits, now, request_id, record_key, idem_key, reco
         local refill = math.ceil((l.max - tk) * l.window / l.max - EPS)
         redis.call('PEXPIRE', key, math.max(refill, 1) + MARGIN)
         record[key] = 't'
+        written[key] = true
       end
     end
   end
 
-  -- The record names only the keys written (what refund.lua may undo). cjson turns an empty
-  -- table into an array; a request that counted nowhere still gets an object.
+  -- The record names the fixed windows and buckets written (what refund.lua may undo
+  -- there). cjson turns an empty table into an array; a request that counted in no such
+  -- key (nowhere, or in sliding windows only) still gets an object.
   local encoded
   if next(record) == nil then
     encoded = '{"k":{}}'

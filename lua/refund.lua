@@ -12,14 +12,18 @@ Reply: 1 when something was given back, 0 when the request is unknown (never cou
 record expired) or every candidate key was already refunded.
 
 Per key, the record says how to undo:
-  "z"        sliding ZSET: remove the request id (exact; later members keep their places)
+  (absent)   a sliding ZSET among the candidates (TYPE zset): remove the request id
+             (exact; later members keep their places; a ZSET the request never counted in
+             has no such member). The record does not name sliding keys.
+  "z"        the same, in a record written before 2026-12
   "f:<start>" fixed window: decrement the count only while the window that counted the
              request is still the current one; a new window already forgot it
   "t"        token bucket: one token back, capped at the capacity stored in the hash
              (refill is linear, so adding to the stored level equals adding now)
-Undone keys leave the record, which keeps its TTL: a second refund of the same keys is 0,
-while a later refund naming a key that was missed the first time still works. The record
-itself stays, so the same request id sent again is still a duplicate.
+Undone keys leave the record (and the request id its ZSETs), which keeps its TTL: a second
+refund of the same keys is 0, while a later refund naming a key that was missed the first
+time still works. The record itself stays, so the same request id sent again is still a
+duplicate.
 ]]
 
 local raw = redis.call('GET', KEYS[1])
@@ -33,11 +37,17 @@ end
 
 local request_id = ARGV[1]
 local undone = 0
+-- Whether an entry left the record (it is written back only then).
+local changed = false
 
 for i = 2, #KEYS do
   local key = KEYS[i]
   local how = rec.k[key]
-  if how == 'z' then
+  if how == nil then
+    if redis.call('TYPE', key).ok == 'zset' and redis.call('ZREM', key, request_id) == 1 then
+      undone = undone + 1
+    end
+  elseif how == 'z' then
     redis.call('ZREM', key, request_id)
   elseif how == 't' then
     local h = redis.call('HMGET', key, 'tk', 'cap')
@@ -55,11 +65,15 @@ for i = 2, #KEYS do
   if how ~= nil then
     rec.k[key] = nil
     undone = undone + 1
+    changed = true
   end
 end
 
 if undone == 0 then
   return 0
+end
+if not changed then
+  return 1
 end
 
 -- KEEPTTL: the record must not outlive the windows it describes.

@@ -2082,8 +2082,9 @@ async fn on_redis_a_real_check_trims_expired_awards() {
 }
 
 #[tokio::test]
-async fn on_redis_the_request_record_names_the_keys_written() {
-    // refund.lua's contract: what this request added to which limit key.
+async fn on_redis_the_request_record_names_the_fixed_windows_and_buckets_written() {
+    // refund.lua's contract: what this request added to which fixed window or bucket (a
+    // sliding window's member is the request id itself: refund.lua finds it there).
     let env = Env::redis().await;
     let plan = check("r1")
         .user("u")
@@ -2098,13 +2099,12 @@ async fn on_redis_the_request_record_names_the_keys_written() {
     assert_eq!(
         record,
         serde_json::json!({"k": {
-            format!("{SCENE}:uid:u"): "z",
             format!("{SCENE}:fw:uid:u"): format!("f:{}", t0() - t0() % HOUR),
             format!("{SCENE}:tb:uid:u"): "t",
         }}),
         "only the keys written"
     );
-    // A request that counted nowhere still has a record.
+    // A request that counted nowhere, or in sliding windows only, still has a record.
     let nowhere = check("r2")
         .user("u")
         .created(long_ago())
@@ -2112,4 +2112,51 @@ async fn on_redis_the_request_record_names_the_keys_written() {
     assert_eq!(allowed(&env.judged(&nowhere).await), [0]);
     let record = redis_get(env.server(), &record_key("r2")).expect("record");
     assert_eq!(record, r#"{"k":{}}"#);
+    let sliding_only = check("r3").user("u").limit(sliding("uid:u", HOUR, 5));
+    assert_eq!(allowed(&env.judged(&sliding_only).await), [2]);
+    let record = redis_get(env.server(), &record_key("r3")).expect("record");
+    assert_eq!(record, r#"{"k":{}}"#);
+
+    // Refunded, every key gives its unit back, once.
+    let refund = |id: &str| RefundOp {
+        record_key: record_key(id),
+        request_id: id.into(),
+        keys: plan.limits.iter().map(|l| l.key.clone()).collect(),
+    };
+    assert!(env.refund(&refund("r1")).await);
+    assert!(!env.refund(&refund("r1")).await, "once");
+    assert!(env.refund(&refund("r3")).await, "a sliding-only request");
+    assert!(!env.refund(&refund("r3")).await, "once");
+    let again = check("r4")
+        .user("u")
+        .created(long_ago())
+        .limit(sliding("uid:u", HOUR, 5))
+        .limit(fixed("fw:uid:u", HOUR, 5))
+        .limit(bucket("tb:uid:u", HOUR, 5));
+    assert_eq!(allowed(&env.judged(&again).await), [1, 1, 1]);
+}
+
+/// A record written before sliding keys left it names them "z": a refund after an upgrade
+/// still gives their members back, once.
+#[tokio::test]
+async fn on_redis_a_record_naming_sliding_keys_is_still_refunded() {
+    let env = Env::redis().await;
+    let server = env.server();
+    let key = format!("{SCENE}:uid:old");
+    let at = (t0() - 1_000).to_string();
+    server.command(&["ZADD", &key, &at, "r-old"]);
+    server.command(&["ZADD", &key, &at, "r-other"]);
+    let record = format!(r#"{{"k":{{"{key}":"z"}}}}"#);
+    server.command(&["SET", &record_key("r-old"), &record, "PX", "60000"]);
+    let refund = RefundOp {
+        record_key: record_key("r-old"),
+        request_id: "r-old".into(),
+        keys: vec![key.clone()],
+    };
+    assert!(env.refund(&refund).await);
+    assert!(!env.refund(&refund).await, "once");
+    let check = check("r-new")
+        .user("old")
+        .limit(sliding("uid:old", HOUR, 5));
+    assert_eq!(allowed(&env.judged(&check).await), [2], "r-other stays");
 }
