@@ -3,8 +3,9 @@ refund.lua: give back the quota one counted request consumed, exactly and atomic
 
 KEYS[1]    request record key, as written by check.lua or decide.lua (limits.lua)
 KEYS[2..]  candidate keys, recomputed by the caller from the refund's dimension values.
-           Only keys the record names are touched: a refund cannot reach a key the request
-           never counted in.
+           A refund cannot reach a key the request never counted in: a fixed window or a
+           bucket is touched only when the record names it, a sliding ZSET only by removing
+           the request id, which only this request added.
 
 ARGV[1]    request id
 
