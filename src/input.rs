@@ -159,17 +159,26 @@ pub fn request_id(obj: &Map<String, Value>, now_ms: u64) -> Result<String, Reque
     }
 }
 
-/// The `ip` field in canonical text form (`::ffff:1.2.3.4` is `1.2.3.4`).
-pub fn ip(obj: &Map<String, Value>) -> Result<Option<String>, RequestError> {
+/// The `ip` field in canonical text form (`::ffff:1.2.3.4` is `1.2.3.4`), and the address.
+pub fn ip(obj: &Map<String, Value>) -> Result<Option<(String, IpAddr)>, RequestError> {
     match obj.get("ip") {
         None | Some(Value::Null) => Ok(None),
         // Exactly the address text (no surrounding blanks), as the API document's
         // ipv4/ipv6 formats say.
-        Some(Value::String(s)) => s
-            .parse::<IpAddr>()
+        Some(Value::String(s)) => match s.parse::<IpAddr>() {
+            // The IPv4 parser takes only the canonical dotted quad (no leading zeros, no
+            // other notation): the text is already the key's.
+            Ok(a @ IpAddr::V4(_)) => Ok(Some((s.clone(), a))),
             // One address, one key: ::ffff:1.2.3.4 counts as 1.2.3.4.
-            .map(|a| Some(a.to_canonical().to_string()))
-            .map_err(|_| RequestError::invalid("ip", "is not an IPv4 or IPv6 address")),
+            Ok(a) => {
+                let a = a.to_canonical();
+                Ok(Some((a.to_string(), a)))
+            }
+            Err(_) => Err(RequestError::invalid(
+                "ip",
+                "is not an IPv4 or IPv6 address",
+            )),
+        },
         Some(_) => Err(RequestError::invalid("ip", "must be a string")),
     }
 }
@@ -247,11 +256,10 @@ pub fn values(
     // A forged device id is a security verdict, not an input error; an absurd length is
     // forged whatever the pattern says.
     let device_too_long = device.as_deref().is_some_and(too_long);
-    let ip = ip(obj)?;
-    let net = ip
-        .as_deref()
-        .and_then(|a| a.parse().ok())
-        .map(|a| rules.network.of(a));
+    let (ip, net) = match ip(obj)? {
+        Some((text, addr)) => (Some(text), Some(rules.network.of(addr))),
+        None => (None, None),
+    };
     Ok((
         DimensionValues {
             user,
@@ -263,4 +271,39 @@ pub fn values(
         },
         device_too_long,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip_of(text: &str) -> Result<Option<String>, RequestError> {
+        let body = serde_json::json!({ "ip": text });
+        ip(body.as_object().expect("an object")).map(|r| r.map(|(text, _)| text))
+    }
+
+    /// One address, one key: every spelling of an address names the same key, and no
+    /// spelling that is not an address is taken.
+    #[test]
+    fn an_address_is_its_canonical_text() {
+        for (given, key) in [
+            ("203.0.113.9", "203.0.113.9"),
+            ("0.0.0.0", "0.0.0.0"),
+            ("::ffff:203.0.113.9", "203.0.113.9"),
+            ("2001:DB8:0:0:0:0:0:1", "2001:db8::1"),
+            ("2001:db8::1", "2001:db8::1"),
+        ] {
+            assert_eq!(ip_of(given).unwrap().as_deref(), Some(key), "{given}");
+        }
+        for bad in [
+            "203.0.113.09",
+            "203.0.113",
+            " 203.0.113.9",
+            "203.0.113.9 ",
+            "0x1.2.3.4",
+        ] {
+            let err = ip_of(bad).unwrap_err();
+            assert_eq!(err.field(), Some("ip"), "{bad}");
+        }
+    }
 }

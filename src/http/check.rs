@@ -8,6 +8,7 @@
 //! draft-ietf-httpapi-ratelimit-headers: `"name";q=QUOTA;w=WINDOW_S` and
 //! `"name";r=REMAINING;t=RESET_S`).
 
+use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
@@ -289,18 +290,40 @@ pub fn respond(resp: &CheckResponse) -> HttpResponse {
         }
     };
     let mut http = HttpResponse::build(status);
-    http.insert_header(("Retry-After", ceil_secs(deny.retry_after_ms).to_string()));
+    http.insert_header((
+        RETRY_AFTER,
+        HeaderValue::from(ceil_secs(deny.retry_after_ms)),
+    ));
     if let Some(rl) = &deny.rate_limit {
-        http.insert_header((
-            "RateLimit-Policy",
-            format!("\"{}\";q={};w={}", rl.name, rl.quota, rl.window_s),
-        ));
-        http.insert_header((
-            "RateLimit",
-            format!("\"{}\";r={};t={}", rl.name, rl.remaining, rl.reset_s),
-        ));
+        // A limit name is a rule identifier; one that could not be a header value is left
+        // out rather than failing the answer.
+        if let Some(v) = item(&rl.name, ";q=", rl.quota, ";w=", rl.window_s) {
+            http.insert_header((RATELIMIT_POLICY, v));
+        }
+        if let Some(v) = item(&rl.name, ";r=", rl.remaining, ";t=", rl.reset_s) {
+            http.insert_header((RATELIMIT, v));
+        }
     }
     json(http, resp)
+}
+
+const RETRY_AFTER: HeaderName = actix_web::http::header::RETRY_AFTER;
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// One structured-field item of the ratelimit headers, `"name";a=1;b=2`, written into one
+/// buffer.
+fn item(name: &str, a: &str, x: u64, b: &str, y: u64) -> Option<HeaderValue> {
+    let mut n = itoa::Buffer::new();
+    let mut v = Vec::with_capacity(name.len() + 32);
+    v.push(b'"');
+    v.extend_from_slice(name.as_bytes());
+    v.push(b'"');
+    v.extend_from_slice(a.as_bytes());
+    v.extend_from_slice(n.format(x).as_bytes());
+    v.extend_from_slice(b.as_bytes());
+    v.extend_from_slice(n.format(y).as_bytes());
+    HeaderValue::from_bytes(&v).ok()
 }
 
 /// Room for a check's answer with a few limits, so serialising it does not regrow the
