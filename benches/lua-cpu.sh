@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Redis's own CPU per decision: decide.lua (after limits.lua, as the service composes
-# them) run by redis-benchmark on a private Redis with the bench scene's four limits,
+# Redis's own CPU per decision: the script the service runs for the bench scene (after
+# limits.lua, as the service composes them) run by redis-benchmark on a private Redis with
+# its four limits,
 # every call a new request id (a reused id takes the duplicate shortcut and measures
 # nothing), then Redis's `INFO commandstats` usec_per_call for EVALSHA: time inside Redis
 # only, no client, no network. Two workloads: `allow` (users and devices from 100M, so
@@ -8,6 +9,9 @@
 # check is evaluated and refused).
 #
 # Usage: benches/lua-cpu.sh [GIT_REV]   scripts from GIT_REV (default: the working tree)
+#   SCRIPT=check (default) or decide: the bench scene has limits only, so the service runs
+#   check.lua for it; decide.lua is what a scene with trust, a score or signals runs (and
+#   what the bench scene ran before 2026-12), here fed the same four limits.
 #   N=calls per workload (200000), CONNS (8).  Needs: redis-server, redis-benchmark.
 #   CALLGRIND=1 runs Redis under valgrind's callgrind and reports instructions per call
 #   instead: slower (use N=2000), but the same on a busy machine as on a quiet one, so two
@@ -17,7 +21,8 @@ cd "$(dirname "$0")/.."
 for t in redis-server redis-benchmark redis-cli; do
   command -v "$t" >/dev/null || { echo "$t is not on PATH (apt-get install redis-server / redis-tools)" >&2; exit 1; }
 done
-rev=${1:-}; n=${N:-200000}; conns=${CONNS:-8}; cg=${CALLGRIND:-}
+rev=${1:-}; n=${N:-200000}; conns=${CONNS:-8}; cg=${CALLGRIND:-}; script=${SCRIPT:-check}
+case "$script" in check|decide) ;; *) echo "SCRIPT must be check or decide, not $script" >&2; exit 1 ;; esac
 if [ -n "$cg" ]; then
   command -v valgrind >/dev/null || { echo "valgrind is not on PATH (apt-get install valgrind)" >&2; exit 1; }
 fi
@@ -25,9 +30,9 @@ tmp=$(mktemp -d); pid=
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 if [ -n "$rev" ]; then
-  git show "$rev:lua/limits.lua" >"$tmp/script.lua"; git show "$rev:lua/decide.lua" >>"$tmp/script.lua"
+  git show "$rev:lua/limits.lua" >"$tmp/script.lua"; git show "$rev:lua/$script.lua" >>"$tmp/script.lua"
 else
-  cat lua/limits.lua lua/decide.lua >"$tmp/script.lua"
+  cat lua/limits.lua "lua/$script.lua" >"$tmp/script.lua"
 fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 if [ -n "$cg" ]; then
@@ -40,11 +45,17 @@ pid=$!
 for _ in $(seq 300); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
 sha=$(redis-cli -p "$port" -x SCRIPT LOAD <"$tmp/script.lua")
 
-# decide.lua's layout (see its header), for the bench scene: no trust, no score, no
-# signals, no idempotency key. Scripts before 2026-12 always sent 5 fixed keys (absent ones
+# Each script's layout (see its header) for the bench scene: no trust, no score, no
+# signals, no idempotency key. decide.lua before 2026-12 always sent 5 fixed keys (absent ones
 # standing in as the record key) and 22 fixed args, 7 per limit; later ones send only the
 # blocks a check uses: the record key, 9 fixed args, 5 per limit. The header tells which.
-if grep -q '^ARGV\[22\]' "$tmp/script.lua"; then
+if [ "$script" = check ]; then
+  # check.lua: the record key, the idempotency key's place (the record again), the limit
+  # keys; 5 fixed args ("" for ARGV[3]: a service-made id, no idempotency key), 4 per limit.
+  head_keys=(lt:bench:req:__rand_int__ lt:bench:req:__rand_int__)
+  head_args=(__rand_int__ 0 "" 10000 "")
+  per_limit=()
+elif grep -q '^ARGV\[22\]' "$tmp/script.lua"; then
   head_keys=(lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__)
   head_args=(__rand_int__ 0 0 10000 "" 0 0 0 0 "" 0 0 0 0 "" "" "" 0 "" "" 0 4)
   per_limit=(0 0 "")
@@ -73,12 +84,12 @@ run() { # name user-key-segment
       ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$tmp"/cg.* 2>/dev/null || true)
       [ -n "$ir" ] && break; sleep 0.1
     done
-    printf '%-6s %10s instructions inside Redis per decision   (%s calls)\n' "$1" "$((ir / n))" "$n"
+    printf '%-6s %10s instructions inside Redis per decision   (%s.lua, %s calls)\n' "$1" "$((ir / n))" "$script" "$n"
     return
   fi
   local usec; usec=$(redis-cli -p "$port" INFO commandstats | tr -d '\r' | awk -F'[,=]' '/^cmdstat_evalsha:/ {for (i=1;i<=NF;i++) if ($i=="usec_per_call") print $(i+1)}')
   local errs; errs=$(redis-cli -p "$port" INFO errorstats | tr -d '\r' | grep -c '^errorstat_' || true)
-  printf '%-6s %10s µs of Redis CPU per decision   (%s calls, %s error kinds)\n' "$1" "$usec" "$n" "$errs"
+  printf '%-6s %10s µs of Redis CPU per decision   (%s.lua, %s calls, %s error kinds)\n' "$1" "$usec" "$script" "$n" "$errs"
   [ "$errs" = 0 ] || { redis-cli -p "$port" INFO errorstats >&2; exit 1; }
 }
 run allow __rand_int__

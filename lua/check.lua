@@ -3,17 +3,21 @@ check.lua: evaluate every limit of one check and, only if none is exceeded, reco
 request in all of them. One EVALSHA is one atomic check: a denied request consumes nothing
 in any dimension and touches no expiry. The window store (src/store/redis.rs) runs it after
 limits.lua, which defines the arithmetic: the same as decide.lua's limits, line for line.
+The Redis decider (src/decide/redis.rs) runs it too, for a check with limits only (no
+trust, no score, no signals): what decide.lua would do for such a check, without the
+machinery for the rest (~15 % of Redis's CPU per check).
 
 KEYS[1]    request record key (<prefix>:<scene>:req:<request_id>); holds, for refund.lua,
            what this request added where
-KEYS[2]    idempotency key; the record key again when the check carries none (ARGV[3] = 0),
-           so that KEYS stays positional
+KEYS[2]    idempotency key; the record key again when the check carries none (no "i" in
+           ARGV[3]), so that KEYS stays positional
 KEYS[2+i]  the key of limit i, in the order of the limits. Sliding limits over the same
            dimensions share one ZSET, so a key may appear more than once
 
 ARGV[1]    request id (the ZSET member)
 ARGV[2]    dry run: "1" decides and writes nothing, "0" records
-ARGV[3]    "1" when KEYS[2] is a real idempotency key, "0" otherwise
+ARGV[3]    the repeats to look for, as decide.lua's: "r" the request's record (the caller
+           named the request id), "i" the idempotency key, "ri" both, "" neither
 ARGV[4]    TTL of the request and idempotency records, ms
 ARGV[5]    now in ms, or "" to read Redis TIME (production: every node agrees on the time;
            tests inject a manual clock here)
@@ -35,7 +39,8 @@ limits.lua.
 
 local request_id = ARGV[1]
 local dry_run = ARGV[2] == '1'
-local has_idem = ARGV[3] == '1'
+local has_idem = ARGV[3] == 'i' or ARGV[3] == 'ri'
+local by_id = ARGV[3] == 'r' or ARGV[3] == 'ri'
 local record_ttl = math.max(tonumber(ARGV[4]) or 0, 1)
 local idem_key = nil
 if has_idem then
@@ -66,7 +71,7 @@ if now == nil then
   return redis.error_reply('check.lua: now (ARGV[5]) is not a number')
 end
 
-local first = counted_before(KEYS[1], request_id, true, idem_key)
+local first = counted_before(KEYS[1], request_id, by_id, idem_key)
 if first then
   return {'dup', first, 0}
 end

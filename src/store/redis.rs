@@ -27,7 +27,7 @@ use crate::rules::Algorithm;
 /// The check script: `lua/limits.lua` (the limits' arithmetic and recording, shared with
 /// `lua/decide.lua`), then `lua/check.lua`, whose header documents KEYS, ARGV and the reply.
 /// Redis loads and hashes the composed text.
-const CHECK_LUA: &str = concat!(
+pub(crate) const CHECK_LUA: &str = concat!(
     include_str!("../../lua/limits.lua"),
     include_str!("../../lua/check.lua")
 );
@@ -125,7 +125,8 @@ impl WindowStore for RedisStore {
         let mut inv = self.check_script.prepare_invoke();
         inv.key(&op.record_key);
         // KEYS stay positional: without an idempotency key, the record key stands in and
-        // ARGV[3] tells the script to ignore it.
+        // ARGV[3] tells the script to ignore it. A window store op always looks for its
+        // request's record.
         inv.key(op.idempotency_key.as_deref().unwrap_or(&op.record_key));
         for limit in &op.limits {
             inv.key(&limit.key);
@@ -133,9 +134,9 @@ impl WindowStore for RedisStore {
         inv.arg(&op.request_id)
             .arg(if op.dry_run { "1" } else { "0" })
             .arg(if op.idempotency_key.is_some() {
-                "1"
+                "ri"
             } else {
-                "0"
+                "r"
             })
             .arg(op.record_ttl_ms)
             .arg(self.now_arg());
@@ -245,7 +246,7 @@ pub(crate) fn map_redis_error(e: RedisError, timeout_ms: u64) -> StoreError {
 }
 
 /// Turns check.lua's flat reply into a [`CheckOutcome`]; see the script header.
-fn parse_check_reply(reply: Value, n_limits: usize) -> Result<CheckOutcome, StoreError> {
+pub(crate) fn parse_check_reply(reply: Value, n_limits: usize) -> Result<CheckOutcome, StoreError> {
     let bad = |why: &str| StoreError::Protocol(format!("check.lua reply: {why}"));
     let Value::Array(items) = reply else {
         return Err(bad(&format!("expected an array, got {reply:?}")));
