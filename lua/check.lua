@@ -59,6 +59,8 @@ for i = 1, n do
     max = tonumber(ARGV[base + 2]),
     retain = tonumber(ARGV[base + 3]),
     applies = true,
+    -- Every field limits.lua fills in, so the table is sized once (as decide.lua's).
+    count = 0, after = 0, exceeded = false, retry = 0, start = 0, fresh = false, tokens = 0,
   }
   if not LIMIT_ALGORITHMS[l.algo] then
     return redis.error_reply('check.lua: unknown algorithm ' .. tostring(l.algo))
