@@ -676,16 +676,19 @@ mod tests {
         Value::Array(parts.concat())
     }
 
-    /// The KEYS and ARGV an invocation sends, as text.
-    fn sent(p: &CheckPlan, now: Option<u64>) -> (Vec<String>, Vec<String>) {
-        let cmd = invocation("0123abcd", p, now);
-        let words: Vec<String> = cmd
-            .args_iter()
+    /// What a command sends, as text.
+    fn words(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
             .map(|a| match a {
                 ::redis::Arg::Simple(b) => String::from_utf8(b.to_vec()).expect("utf-8"),
                 other => panic!("not a plain word in an EVALSHA: {other:?}"),
             })
-            .collect();
+            .collect()
+    }
+
+    /// The KEYS and ARGV an invocation sends, as text.
+    fn sent(p: &CheckPlan, now: Option<u64>) -> (Vec<String>, Vec<String>) {
+        let words = words(&invocation("0123abcd", p, now));
         assert_eq!(&words[..2], ["EVALSHA", "0123abcd"]);
         let n_keys: usize = words[2].parse().expect("numkeys");
         (words[3..3 + n_keys].to_vec(), words[3 + n_keys..].to_vec())
@@ -792,15 +795,8 @@ mod tests {
         assert!(!limits_only(&plan()));
         let (cmd, sent) = limits_invocation("0123abcd", &p, None);
         assert_eq!(sent, [0, 2]);
-        let words: Vec<String> = cmd
-            .args_iter()
-            .map(|a| match a {
-                ::redis::Arg::Simple(b) => String::from_utf8(b.to_vec()).expect("utf-8"),
-                other => panic!("not a plain word in an EVALSHA: {other:?}"),
-            })
-            .collect();
         assert_eq!(
-            words,
+            words(&cmd),
             [
                 "EVALSHA",
                 "0123abcd",
