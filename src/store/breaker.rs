@@ -131,6 +131,11 @@ pub struct Breaker {
     machine: Machine,
     telemetry: Arc<Telemetry>,
     settings: BreakerSettings,
+    /// Closed with no failure since the last success: the state nearly every call finds.
+    /// Then a call is permitted and a success recorded without the state machine's locks
+    /// (a success there would change nothing). Cleared before a failure reaches the
+    /// machine; set again once a success leaves it closed.
+    healthy: AtomicBool,
 }
 
 impl std::fmt::Debug for Breaker {
@@ -171,12 +176,13 @@ impl Breaker {
             machine,
             telemetry,
             settings,
+            healthy: AtomicBool::new(true),
         }
     }
 
     /// `Ok` when a call may go to the store now (closed, or half-open and probing).
     pub fn permit(&self) -> Result<(), StoreError> {
-        if self.machine.is_call_permitted() {
+        if self.healthy.load(Ordering::Acquire) || self.machine.is_call_permitted() {
             Ok(())
         } else {
             Err(StoreError::CircuitOpen)
@@ -187,11 +193,19 @@ impl Breaker {
     pub fn record<T>(&self, result: &Result<T, StoreError>) {
         match result {
             Err(StoreError::Timeout(_)) | Err(StoreError::Unavailable(_)) => {
+                self.healthy.store(false, Ordering::Release);
                 self.machine.on_error()
             }
             // The breaker itself refused: nothing was asked.
             Err(StoreError::CircuitOpen) => {}
-            Ok(_) | Err(StoreError::Protocol(_)) => self.machine.on_success(),
+            Ok(_) | Err(StoreError::Protocol(_)) => {
+                if !self.healthy.load(Ordering::Acquire) {
+                    self.machine.on_success();
+                    // Half-open closes on this success; open stays open (a late answer
+                    // to a call made before it opened).
+                    self.healthy.store(!self.is_open(), Ordering::Release);
+                }
+            }
         }
     }
 
@@ -286,14 +300,25 @@ mod tests {
         b.record::<()>(&Ok(()));
         assert!(!b.is_open());
         assert!(b.permit().is_ok());
+        // Closed again, successes take the fast path, and failures still count from zero.
+        b.record::<()>(&Ok(()));
+        fail(&b);
+        fail(&b);
+        b.record::<()>(&Ok(()));
+        fail(&b);
+        fail(&b);
+        assert!(b.permit().is_ok(), "a success in between resets the count");
+        fail(&b);
+        assert!(b.is_open(), "three in a row open it again");
+        assert!(matches!(b.permit(), Err(StoreError::CircuitOpen)));
         let text = metrics.render();
         assert!(
-            text.contains("vigia_store_breaker_open{store=\"redis\"} 0"),
+            text.contains("vigia_store_breaker_open{store=\"redis\"} 1"),
             "{text}"
         );
         assert!(
-            text.contains("vigia_store_breaker_transitions_total{store=\"redis\",to=\"open\"} 1"),
-            "re-opening after a failed probe is not a new outage: {text}"
+            text.contains("vigia_store_breaker_transitions_total{store=\"redis\",to=\"open\"} 2"),
+            "re-opening after a failed probe is not a new outage (the second is): {text}"
         );
         assert!(
             text.contains("vigia_store_breaker_transitions_total{store=\"redis\",to=\"closed\"} 1"),
