@@ -198,8 +198,9 @@ impl Metrics {
 
     /// One HTTP answer of `status` on `route` (a route pattern, or `unmatched`).
     pub fn http_answer(&self, route: &str, status: u16) {
+        let mut code = itoa::Buffer::new();
         self.http_answers
-            .with_label_values(&[route, &status.to_string()])
+            .with_label_values(&[route, code.format(status)])
             .inc();
     }
 
