@@ -151,15 +151,7 @@ impl OverLimit {
                     }
                 } else {
                     // Not evaluated: the answer reports only the limit that denies.
-                    LimitValue {
-                        applies: false,
-                        max: l.base_max,
-                        state: LimitState {
-                            count: 0,
-                            exceeded: false,
-                            retry_after_ms: 0,
-                        },
-                    }
+                    LimitValue::not_applying(l.base_max)
                 }
             })
             .collect();

@@ -139,6 +139,22 @@ pub struct LimitValue {
     pub state: LimitState,
 }
 
+impl LimitValue {
+    /// A limit that was not evaluated (its filter did not pass, or an answer reports only
+    /// the limit that denies): nothing counted, held to `max`.
+    pub fn not_applying(max: u64) -> LimitValue {
+        LimitValue {
+            applies: false,
+            max,
+            state: LimitState {
+                count: 0,
+                exceeded: false,
+                retry_after_ms: 0,
+            },
+        }
+    }
+}
+
 /// What a decider answers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decided {

@@ -190,15 +190,7 @@ fn limits_judged(
     let mut limits: Vec<LimitValue> = plan
         .limits
         .iter()
-        .map(|l| LimitValue {
-            applies: false,
-            max: l.base_max,
-            state: LimitState {
-                count: 0,
-                exceeded: false,
-                retry_after_ms: 0,
-            },
-        })
+        .map(|l| LimitValue::not_applying(l.base_max))
         .collect();
     for (&j, state) in sent.iter().zip(states) {
         limits[j].applies = true;
