@@ -21,7 +21,9 @@ use crate::clock::Clock;
 use crate::rules::Filter;
 use crate::signal::member_of;
 use crate::signal::MAX_CAP;
-use crate::store::redis::{algo_code, parse_check_reply, CHECK_LUA, STARTUP_MIN_MS};
+use crate::store::redis::{
+    algo_code, parse_check_reply, repeats, CheckCall, CHECK_LUA, STARTUP_MIN_MS,
+};
 use crate::store::redis_link::RedisLink;
 use crate::store::{CheckOutcome, LimitState, StoreError};
 
@@ -143,28 +145,26 @@ fn limits_invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> (Cmd, Vec
     let sent: Vec<usize> = (0..plan.limits.len())
         .filter(|&j| applies_without_trust(plan.limits[j].filter))
         .collect();
-    let n_keys = 2 + sent.len();
-    let mut cmd = Cmd::with_capacity(3 + n_keys + 5 + 4 * sent.len(), 64 * (n_keys + 5));
-    cmd.arg("EVALSHA").arg(sha).arg(n_keys);
-    cmd.arg(&plan.record_key)
-        .arg(or_record(&plan.idempotency_key, plan));
-    for &j in &sent {
-        cmd.arg(&plan.limits[j].key);
-    }
-    cmd.arg(&plan.request_id)
-        .arg(flag(plan.dry_run))
-        .arg(repeats(plan))
-        .arg(plan.record_ttl_ms.max(1));
-    opt(&mut cmd, now);
-    for &j in &sent {
+    let call = CheckCall {
+        record_key: &plan.record_key,
+        idempotency_key: plan.idempotency_key.as_deref(),
+        request_id: &plan.request_id,
+        dry_run: plan.dry_run,
+        id_given: plan.id_given,
+        record_ttl_ms: plan.record_ttl_ms,
+        now,
+    };
+    let limits = sent.iter().map(|&j| {
         let l = &plan.limits[j];
-        let window_ms = l.window_ms.max(1);
-        cmd.arg(algo_code(l.algorithm))
-            .arg(window_ms)
-            .arg(l.base_max)
-            .arg(l.retain_ms.max(window_ms));
-    }
-    (cmd, sent)
+        (
+            l.key.as_str(),
+            l.algorithm,
+            l.window_ms,
+            l.base_max,
+            l.retain_ms,
+        )
+    });
+    (call.command(sha, limits), sent)
 }
 
 /// check.lua's answer as decide.lua's would be: no points, ages unknown, no signal, score
@@ -221,17 +221,6 @@ fn flag(b: bool) -> &'static str {
     }
 }
 
-/// Which earlier checks this one may repeat, as decide.lua's ARGV[3] names them: "r" a
-/// request id the caller named, "i" an idempotency key.
-fn repeats(plan: &CheckPlan) -> &'static str {
-    match (plan.id_given, plan.idempotency_key.is_some()) {
-        (true, true) => "ri",
-        (true, false) => "r",
-        (false, true) => "i",
-        (false, false) => "",
-    }
-}
-
 fn filter_arg(filter: Option<Filter>) -> &'static str {
     filter.map(Filter::name).unwrap_or_default()
 }
@@ -242,12 +231,9 @@ fn filter_arg(filter: Option<Filter>) -> &'static str {
 /// their `u64`s, so members seen in one millisecond leave a full set in the same order on
 /// both deciders.
 fn script_member(member: &str) -> [u8; 16] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let h = member_of(member);
     let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = HEX[((h >> (60 - 4 * i)) & 0xf) as usize];
-    }
+    // 8 bytes are 16 hex digits: the buffer always fits.
+    let _ = hex::encode_to_slice(member_of(member).to_be_bytes(), &mut out);
     out
 }
 
@@ -303,7 +289,7 @@ fn invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> Cmd {
 
     cmd.arg(&plan.request_id)
         .arg(flag(plan.dry_run))
-        .arg(repeats(plan))
+        .arg(repeats(plan.id_given, plan.idempotency_key.is_some()))
         .arg(plan.record_ttl_ms.max(1));
     opt(&mut cmd, now);
     cmd.arg(flag(trust.is_some()))

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::breaker::{Breaker, BreakerSettings};
 use super::redis_link::RedisLink;
@@ -31,6 +31,75 @@ pub(crate) const CHECK_LUA: &str = concat!(
     include_str!("../../lua/limits.lua"),
     include_str!("../../lua/check.lua")
 );
+/// One call of [`CHECK_LUA`], in the layout of check.lua's header: the window store's
+/// checks, and the Redis decider's checks with limits only. The limits come separately
+/// ([`CheckCall::command`], walked twice: keys, then arguments) so that neither caller copies
+/// them into a list first.
+pub(crate) struct CheckCall<'a> {
+    pub record_key: &'a str,
+    pub idempotency_key: Option<&'a str>,
+    pub request_id: &'a str,
+    pub dry_run: bool,
+    /// The caller named the request id (it may repeat an earlier check).
+    pub id_given: bool,
+    pub record_ttl_ms: u64,
+    /// `None` reads Redis `TIME`.
+    pub now: Option<u64>,
+}
+
+/// One limit of a [`CheckCall`]: key, algorithm, window, max, retain (all ms but max).
+pub(crate) type CheckLimit<'a> = (&'a str, Algorithm, u64, u64, u64);
+
+impl CheckCall<'_> {
+    /// The EVALSHA of `sha` (check.lua), packed into one command.
+    pub fn command<'l>(
+        &self,
+        sha: &str,
+        limits: impl ExactSizeIterator<Item = CheckLimit<'l>> + Clone,
+    ) -> Cmd {
+        let n_keys = 2 + limits.len();
+        let mut cmd = Cmd::with_capacity(3 + n_keys + 5 + 4 * limits.len(), 64 * (n_keys + 5));
+        cmd.arg("EVALSHA").arg(sha).arg(n_keys);
+        // KEYS stay positional: without an idempotency key the record key stands in, and
+        // ARGV[3] tells the script to ignore it.
+        cmd.arg(self.record_key)
+            .arg(self.idempotency_key.unwrap_or(self.record_key));
+        for (key, ..) in limits.clone() {
+            cmd.arg(key);
+        }
+        cmd.arg(self.request_id)
+            .arg(if self.dry_run { "1" } else { "0" })
+            .arg(repeats(self.id_given, self.idempotency_key.is_some()))
+            .arg(self.record_ttl_ms.max(1));
+        match self.now {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        for (_, algorithm, window_ms, max, retain_ms) in limits {
+            // A zero window would divide by zero in the script; the rule compiler rejects
+            // it, this only keeps a bad op from turning into a script error.
+            let window_ms = window_ms.max(1);
+            cmd.arg(algo_code(algorithm))
+                .arg(window_ms)
+                .arg(max)
+                .arg(retain_ms.max(window_ms));
+        }
+        cmd
+    }
+}
+
+/// Which earlier checks a check may repeat, as both scripts' ARGV[3] names them: "r" the
+/// request id the caller named (an id the service made cannot repeat: no lookup), "i" the
+/// idempotency key.
+pub(crate) fn repeats(id_given: bool, has_idempotency_key: bool) -> &'static str {
+    match (id_given, has_idempotency_key) {
+        (true, true) => "ri",
+        (true, false) => "r",
+        (false, true) => "i",
+        (false, false) => "",
+    }
+}
+
 /// The refund script; its header documents KEYS, ARGV and the reply.
 const REFUND_LUA: &str = include_str!("../../lua/refund.lua");
 
@@ -110,48 +179,31 @@ impl RedisStore {
         self.link.timeout_ms()
     }
 
-    /// The `now` argument of the scripts: empty means "read Redis TIME".
-    fn now_arg(&self) -> String {
-        self.clock
-            .as_ref()
-            .map(|c| c.now_ms().to_string())
-            .unwrap_or_default()
+    /// The `now` argument of the scripts: `None` reads Redis TIME.
+    fn now_arg(&self) -> Option<u64> {
+        self.clock.as_ref().map(|c| c.now_ms())
     }
 }
 
 #[async_trait]
 impl WindowStore for RedisStore {
     async fn check(&self, op: &CheckOp) -> Result<CheckOutcome, StoreError> {
-        let mut inv = self.check_script.prepare_invoke();
-        inv.key(&op.record_key);
-        // KEYS stay positional: without an idempotency key, the record key stands in and
-        // ARGV[3] tells the script to ignore it. A window store op always looks for its
-        // request's record.
-        inv.key(op.idempotency_key.as_deref().unwrap_or(&op.record_key));
-        for limit in &op.limits {
-            inv.key(&limit.key);
-        }
-        inv.arg(&op.request_id)
-            .arg(if op.dry_run { "1" } else { "0" })
-            .arg(if op.idempotency_key.is_some() {
-                "ri"
-            } else {
-                "r"
-            })
-            .arg(op.record_ttl_ms)
-            .arg(self.now_arg());
-        for limit in &op.limits {
-            // A zero window would divide by zero in the script; the rule compiler rejects
-            // it, this only keeps a bad op from turning into a script error.
-            let window_ms = limit.window_ms.max(1);
-            inv.arg(algo_code(limit.algorithm))
-                .arg(window_ms)
-                .arg(limit.max)
-                .arg(limit.retain_ms.max(window_ms));
-        }
-
-        let mut conn = self.link.conn().await?;
-        let reply: Value = self.link.run(inv.invoke_async(&mut conn)).await?;
+        let call = CheckCall {
+            record_key: &op.record_key,
+            idempotency_key: op.idempotency_key.as_deref(),
+            request_id: &op.request_id,
+            dry_run: op.dry_run,
+            // A window store op always looks for its request's record.
+            id_given: true,
+            record_ttl_ms: op.record_ttl_ms,
+            now: self.now_arg(),
+        };
+        let limits = op
+            .limits
+            .iter()
+            .map(|l| (l.key.as_str(), l.algorithm, l.window_ms, l.max, l.retain_ms));
+        let cmd = call.command(self.check_script.get_hash(), limits);
+        let reply = self.link.eval(&self.check_script, &cmd).await?;
         parse_check_reply(reply, op.limits.len())
     }
 
