@@ -259,15 +259,20 @@ mod tests {
         b.record::<()>(&Err(StoreError::Timeout(50)));
     }
 
+    /// Two failures, a success, two failures: still closed.
+    fn a_success_in_between_resets_the_count(b: &Breaker) {
+        fail(b);
+        fail(b);
+        b.record::<()>(&Ok(()));
+        fail(b);
+        fail(b);
+        assert!(b.permit().is_ok(), "a success in between resets the count");
+    }
+
     #[test]
     fn opens_after_consecutive_outage_failures_only() {
         let b = Breaker::new("redis", fast(), None);
-        fail(&b);
-        fail(&b);
-        b.record::<()>(&Ok(()));
-        fail(&b);
-        fail(&b);
-        assert!(b.permit().is_ok(), "a success in between resets the count");
+        a_success_in_between_resets_the_count(&b);
         b.record::<()>(&Err(StoreError::Protocol("bad reply".into())));
         assert!(
             b.permit().is_ok(),
@@ -302,12 +307,7 @@ mod tests {
         assert!(b.permit().is_ok());
         // Closed again, successes take the fast path, and failures still count from zero.
         b.record::<()>(&Ok(()));
-        fail(&b);
-        fail(&b);
-        b.record::<()>(&Ok(()));
-        fail(&b);
-        fail(&b);
-        assert!(b.permit().is_ok(), "a success in between resets the count");
+        a_success_in_between_resets_the_count(&b);
         fail(&b);
         assert!(b.is_open(), "three in a row open it again");
         assert!(matches!(b.permit(), Err(StoreError::CircuitOpen)));
