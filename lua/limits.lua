@@ -204,6 +204,7 @@ local function limits_record(limits, now, request_id, record_key, idem_key, reco
     local l = limits[i]
     local key = l.key
     if l.applies and not written[key] then
+      written[key] = true
       if l.algo == 's' then
         -- Members at or before now - retain are outside every window sharing this key.
         redis.call('ZREMRANGEBYSCORE', key, '-inf', now - retain_of[key])
@@ -211,10 +212,8 @@ local function limits_record(limits, now, request_id, record_key, idem_key, reco
         -- On every add, not only the first: the newest member decides how long the key
         -- must live (the seed's first-write expiry dropped members still inside the window).
         redis.call('PEXPIRE', key, retain_of[key] + MARGIN)
-        -- Written once (a key named twice), but not in the record: see the header.
-        written[key] = true
+        -- Not in the record: see the header.
       elseif l.algo == 'f' then
-        written[key] = true
         if l.fresh then
           redis.call('HSET', key, 's', l.start, 'c', l.count + 1)
           -- The expiry is a point in time (the window's end plus the margin), the same for
@@ -231,7 +230,6 @@ local function limits_record(limits, now, request_id, record_key, idem_key, reco
         local refill = math.ceil((l.max - tk) * l.window / l.max - EPS)
         redis.call('PEXPIRE', key, math.max(refill, 1) + MARGIN)
         record[key] = 't'
-        written[key] = true
       end
     end
   end
