@@ -9,9 +9,12 @@
 # check is evaluated and refused).
 #
 # Usage: benches/lua-cpu.sh [GIT_REV]   scripts from GIT_REV (default: the working tree)
-#   SCRIPT=check (default) or decide: the bench scene has limits only, so the service runs
-#   check.lua for it; decide.lua is what a scene with trust, a score or signals runs (and
-#   what the bench scene ran before 2026-12), here fed the same four limits.
+#   SCRIPT=shaped (default), check or decide: the bench scene has limits only, so the
+#   service runs the script made for its shape of limits (src/store/limits_script.rs,
+#   printed by `cargo run --release --example limits_lua`; needs cargo, and ignores
+#   GIT_REV: it is the working tree's); check.lua is the general script it falls back to
+#   (more than 16 limits); decide.lua is what a scene with trust, a score or signals runs
+#   (and what the bench scene ran before 2026-12), here fed the same four limits.
 #   N=calls per workload (200000), CONNS (8).  Needs: redis-server, redis-benchmark.
 #   CALLGRIND=1 runs Redis under valgrind's callgrind and reports instructions per call
 #   instead: slower (use N=2000), but the same on a busy machine as on a quiet one, so two
@@ -21,15 +24,18 @@ cd "$(dirname "$0")/.."
 for t in redis-server redis-benchmark redis-cli; do
   command -v "$t" >/dev/null || { echo "$t is not on PATH (apt-get install redis-server / redis-tools)" >&2; exit 1; }
 done
-rev=${1:-}; n=${N:-200000}; conns=${CONNS:-8}; cg=${CALLGRIND:-}; script=${SCRIPT:-check}
-case "$script" in check|decide) ;; *) echo "SCRIPT must be check or decide, not $script" >&2; exit 1 ;; esac
+rev=${1:-}; n=${N:-200000}; conns=${CONNS:-8}; cg=${CALLGRIND:-}; script=${SCRIPT:-shaped}
+case "$script" in shaped|check|decide) ;; *) echo "SCRIPT must be shaped, check or decide, not $script" >&2; exit 1 ;; esac
 if [ -n "$cg" ]; then
   command -v valgrind >/dev/null || { echo "valgrind is not on PATH (apt-get install valgrind)" >&2; exit 1; }
 fi
 tmp=$(mktemp -d); pid=
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
-if [ -n "$rev" ]; then
+if [ "$script" = shaped ]; then
+  cargo run --quiet --release --example limits_lua -- \
+    s:10000:10000 s:86400000:86400000 f:60000:60000 f:60000:60000 >"$tmp/script.lua"
+elif [ -n "$rev" ]; then
   git show "$rev:lua/limits.lua" >"$tmp/script.lua"; git show "$rev:lua/$script.lua" >>"$tmp/script.lua"
 else
   cat lua/limits.lua "lua/$script.lua" >"$tmp/script.lua"
@@ -49,7 +55,12 @@ sha=$(redis-cli -p "$port" -x SCRIPT LOAD <"$tmp/script.lua")
 # signals, no idempotency key. decide.lua before 2026-12 always sent 5 fixed keys (absent ones
 # standing in as the record key) and 22 fixed args, 7 per limit; later ones send only the
 # blocks a check uses: the record key, 9 fixed args, 5 per limit. The header tells which.
-if [ "$script" = check ]; then
+if [ "$script" = shaped ]; then
+  # A shaped script: check.lua's keys and 5 fixed args, then only each limit's max.
+  head_keys=(lt:bench:req:__rand_int__ lt:bench:req:__rand_int__)
+  head_args=(__rand_int__ 0 "" 10000 "")
+  per_limit=()
+elif [ "$script" = check ]; then
   # check.lua: the record key, the idempotency key's place (the record again), the limit
   # keys; 5 fixed args ("" for ARGV[3]: a service-made id, no idempotency key), 4 per limit.
   head_keys=(lt:bench:req:__rand_int__ lt:bench:req:__rand_int__)
@@ -64,6 +75,12 @@ else
   head_args=(__rand_int__ 0 "" 10000 "" 0 0 0 4)
   per_limit=("")
 fi
+if [ "$script" = shaped ]; then
+  limit_args=(3 10 100 100000000)
+else
+  limit_args=(s 10000 3 10000 "${per_limit[@]}" s 86400000 10 86400000 "${per_limit[@]}"
+              f 60000 100 60000 "${per_limit[@]}" f 60000 100000000 60000 "${per_limit[@]}")
+fi
 run() { # name user-key-segment
   local user=$2
   redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
@@ -72,11 +89,7 @@ run() { # name user-key-segment
     EVALSHA "$sha" $((${#head_keys[@]} + 4)) \
     "${head_keys[@]}" \
     "lt:bench:uid:$user" lt:bench:did:__rand_int__ lt:bench:fw:ip_60s:ip:__rand_int__ lt:bench:fw:activity_60s:act:a1 \
-    "${head_args[@]}" \
-    s 10000 3 10000 "${per_limit[@]}" \
-    s 86400000 10 86400000 "${per_limit[@]}" \
-    f 60000 100 60000 "${per_limit[@]}" \
-    f 60000 100000000 60000 "${per_limit[@]}" >/dev/null
+    "${head_args[@]}" "${limit_args[@]}" >/dev/null
   if [ -n "$cg" ]; then
     rm -f "$tmp"/cg.*; callgrind_control -d "$pid" >/dev/null 2>&1
     local ir=

@@ -21,6 +21,7 @@ use crate::clock::Clock;
 use crate::rules::Filter;
 use crate::signal::member_of;
 use crate::signal::MAX_CAP;
+use crate::store::limits_script::LimitScripts;
 use crate::store::redis::{
     algo_code, parse_check_reply, repeats, CheckCall, CHECK_LUA, STARTUP_MIN_MS,
 };
@@ -51,8 +52,11 @@ pub struct RedisDecider {
     /// Shared with the window store and the trust ledger.
     link: Arc<RedisLink>,
     script: Script,
-    /// `lua/check.lua`, for a check with limits only (see [`limits_only`]).
-    limits_script: Script,
+    /// `lua/check.lua`, for a check with limits only (see [`limits_only`]) whose limits
+    /// are too many for a script of their shape.
+    limits_script: Arc<Script>,
+    /// Scripts made for each shape of limits, for the other checks with limits only.
+    shaped: LimitScripts,
     /// `Some` (and not the wall clock) replaces Redis `TIME` with this clock.
     clock: Option<Arc<dyn Clock>>,
 }
@@ -82,13 +86,14 @@ impl RedisDecider {
         let timeout_ms = link.timeout_ms();
         let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
         let script = Script::new(DECIDE_LUA);
-        let limits_script = Script::new(CHECK_LUA);
+        let limits_script = Arc::new(Script::new(CHECK_LUA));
         link.load_scripts(&[&script, &limits_script], startup_ms)
             .await?;
         Ok(RedisDecider {
             link,
             script,
             limits_script,
+            shaped: LimitScripts::default(),
             clock,
         })
     }
@@ -110,9 +115,9 @@ impl RedisDecider {
 impl Decider for RedisDecider {
     async fn decide(&self, plan: &CheckPlan) -> Result<Decided, StoreError> {
         if limits_only(plan) {
-            let (cmd, sent) =
-                limits_invocation(self.limits_script.get_hash(), plan, self.now_arg());
-            let reply = self.link.eval(&self.limits_script, &cmd).await?;
+            let (script, cmd, sent) =
+                limits_invocation(&self.shaped, &self.limits_script, plan, self.now_arg());
+            let reply = self.link.eval(&script, &cmd).await?;
             return limits_judged(parse_check_reply(reply, sent.len())?, plan, &sent);
         }
         let cmd = invocation(self.script.get_hash(), plan, self.now_arg());
@@ -139,9 +144,15 @@ fn applies_without_trust(filter: Option<Filter>) -> bool {
     }
 }
 
-/// check.lua's EVALSHA for a [`limits_only`] plan, and the plan's indices of the limits
-/// sent (those that apply; the others are neither read nor written, as in decide.lua).
-fn limits_invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> (Cmd, Vec<usize>) {
+/// The script for a [`limits_only`] plan (made for its shape of limits, or check.lua), its
+/// EVALSHA, and the plan's indices of the limits sent (those that apply; the others are
+/// neither read nor written, as in decide.lua).
+fn limits_invocation(
+    shaped: &LimitScripts,
+    check_lua: &Arc<Script>,
+    plan: &CheckPlan,
+    now: Option<u64>,
+) -> (Arc<Script>, Cmd, Vec<usize>) {
     let sent: Vec<usize> = (0..plan.limits.len())
         .filter(|&j| applies_without_trust(plan.limits[j].filter))
         .collect();
@@ -164,7 +175,13 @@ fn limits_invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> (Cmd, Vec
             l.retain_ms,
         )
     });
-    (call.command(sha, limits), sent)
+    match shaped.command(&call, limits.clone()) {
+        Some((script, cmd)) => (script, cmd, sent),
+        None => {
+            let cmd = call.command(check_lua.get_hash(), limits);
+            (check_lua.clone(), cmd, sent)
+        }
+    }
 }
 
 /// check.lua's answer as decide.lua's would be: no points, ages unknown, no signal, score
@@ -771,13 +788,16 @@ mod tests {
         };
         assert!(limits_only(&p));
         assert!(!limits_only(&plan()));
-        let (cmd, sent) = limits_invocation("0123abcd", &p, None);
+        let check_lua = Arc::new(Script::new(CHECK_LUA));
+        let (script, cmd, sent) = limits_invocation(&LimitScripts::default(), &check_lua, &p, None);
         assert_eq!(sent, [0, 2]);
+        // The script made for this shape (two sliding windows of 10 s), sent the maxes only.
+        assert_ne!(script.get_hash(), check_lua.get_hash());
         assert_eq!(
             words(&cmd),
             [
                 "EVALSHA",
-                "0123abcd",
+                script.get_hash(),
                 "4",
                 "p:s:req:r1",
                 "p:s:req:r1",
@@ -788,16 +808,18 @@ mod tests {
                 "r",
                 "10000",
                 "",
-                "s",
-                "10000",
                 "5",
-                "10000",
-                "s",
-                "10000",
-                "5",
-                "10000"
+                "5"
             ]
         );
+        // More limits than a shaped script takes: check.lua, four arguments per limit.
+        let many = CheckPlan {
+            limits: vec![limit("p:s:uid:u"); crate::store::limits_script::MAX_LIMITS + 1],
+            ..p.clone()
+        };
+        let (script, cmd, _) = limits_invocation(&LimitScripts::default(), &check_lua, &many, None);
+        assert_eq!(script.get_hash(), check_lua.get_hash());
+        assert_eq!(words(&cmd).len(), 3 + 2 + 17 + 5 + 4 * 17);
 
         let state = |count, exceeded, retry_after_ms| LimitState {
             count,

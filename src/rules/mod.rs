@@ -146,7 +146,7 @@ pub struct Attribute {
 }
 
 /// How a limit counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// Exact sliding window over a ZSET of request ids scored by time.
     SlidingWindow,

@@ -9,6 +9,7 @@
 
 pub mod breaker;
 pub mod embedded;
+pub mod limits_script;
 pub mod redis;
 pub mod redis_link;
 

@@ -19,6 +19,7 @@ use async_trait::async_trait;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::breaker::{Breaker, BreakerSettings};
+use super::limits_script::LimitScripts;
 use super::redis_link::RedisLink;
 use super::{CheckOp, CheckOutcome, LimitState, RefundOp, StoreError, WindowStore};
 use crate::clock::Clock;
@@ -27,7 +28,7 @@ use crate::rules::Algorithm;
 /// The check script: `lua/limits.lua` (the limits' arithmetic and recording, shared with
 /// `lua/decide.lua`), then `lua/check.lua`, whose header documents KEYS, ARGV and the reply.
 /// Redis loads and hashes the composed text.
-pub(crate) const CHECK_LUA: &str = concat!(
+pub const CHECK_LUA: &str = concat!(
     include_str!("../../lua/limits.lua"),
     include_str!("../../lua/check.lua")
 );
@@ -35,7 +36,7 @@ pub(crate) const CHECK_LUA: &str = concat!(
 /// checks, and the Redis decider's checks with limits only. The limits come separately
 /// ([`CheckCall::command`], walked twice: keys, then arguments) so that neither caller copies
 /// them into a list first.
-pub(crate) struct CheckCall<'a> {
+pub struct CheckCall<'a> {
     pub record_key: &'a str,
     pub idempotency_key: Option<&'a str>,
     pub request_id: &'a str,
@@ -48,7 +49,7 @@ pub(crate) struct CheckCall<'a> {
 }
 
 /// One limit of a [`CheckCall`]: key, algorithm, window, max, retain (all ms but max).
-pub(crate) type CheckLimit<'a> = (&'a str, Algorithm, u64, u64, u64);
+pub type CheckLimit<'a> = (&'a str, Algorithm, u64, u64, u64);
 
 impl CheckCall<'_> {
     /// The EVALSHA of `sha` (check.lua), packed into one command.
@@ -91,7 +92,7 @@ impl CheckCall<'_> {
 /// Which earlier checks a check may repeat, as both scripts' ARGV[3] names them: "r" the
 /// request id the caller named (an id the service made cannot repeat: no lookup), "i" the
 /// idempotency key.
-pub(crate) fn repeats(id_given: bool, has_idempotency_key: bool) -> &'static str {
+pub fn repeats(id_given: bool, has_idempotency_key: bool) -> &'static str {
     match (id_given, has_idempotency_key) {
         (true, true) => "ri",
         (true, false) => "r",
@@ -112,6 +113,8 @@ pub struct RedisStore {
     /// Shared with the trust ledger: one connection, one breaker.
     link: Arc<RedisLink>,
     check_script: Script,
+    /// Scripts made for each shape of limits (check.lua for a shape too big for one).
+    shaped: LimitScripts,
     refund_script: Script,
     /// `Some` replaces Redis `TIME` with this clock (a service built on any clock but the
     /// wall clock: tests, simulations).
@@ -155,6 +158,7 @@ impl RedisStore {
         Ok(RedisStore {
             link,
             check_script,
+            shaped: LimitScripts::default(),
             refund_script,
             clock: None,
         })
@@ -202,8 +206,13 @@ impl WindowStore for RedisStore {
             .limits
             .iter()
             .map(|l| (l.key.as_str(), l.algorithm, l.window_ms, l.max, l.retain_ms));
-        let cmd = call.command(self.check_script.get_hash(), limits);
-        let reply = self.link.eval(&self.check_script, &cmd).await?;
+        let reply = match self.shaped.command(&call, limits.clone()) {
+            Some((script, cmd)) => self.link.eval(&script, &cmd).await?,
+            None => {
+                let cmd = call.command(self.check_script.get_hash(), limits);
+                self.link.eval(&self.check_script, &cmd).await?
+            }
+        };
         parse_check_reply(reply, op.limits.len())
     }
 

@@ -205,6 +205,16 @@ async fn all_or_nothing_across_dimensions() {
 #[actix_web::test]
 async fn one_store_round_trip_per_check() {
     let app = spawn_app(&[("s.toml", &user_and_device_rules())]).await;
+    // The first check of the rules' shape of limits loads the script made for it, once.
+    let mut first = body("u-first");
+    first["request_id"] = json!("r-first");
+    let loads = |calls: &std::collections::BTreeMap<String, u64>| calls.get("script|load").copied();
+    let before = app.redis.command_calls();
+    app.check(first).await;
+    assert_eq!(
+        loads(&app.redis.command_calls()),
+        Some(loads(&before).unwrap_or(0) + 1)
+    );
     let before = app.redis.command_calls();
     for i in 0..20 {
         // An id of its own: the over-limit cache would answer a repeated device deny

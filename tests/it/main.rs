@@ -13,6 +13,7 @@ mod events;
 mod faults;
 mod http_check;
 mod http_errors;
+mod limits_script;
 mod logging;
 mod openapi;
 mod ops;

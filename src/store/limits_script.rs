@@ -1,0 +1,430 @@
+//! Check scripts made for one shape of limits: the Lua that `lua/check.lua` would run for a
+//! check, with each limit's algorithm, window and retain written into the text and its
+//! branch of `lua/limits.lua` laid out straight, limit after limit.
+//!
+//! Why: check.lua is general. Before it touches a key it defines limits.lua's helpers
+//! (closures and tables made on every call), parses four arguments per limit into a
+//! 19-field table (`tonumber` is glibc's strtod) and loops over the limits through
+//! dispatch on the algorithm. For the bench scene that is about a third of the Redis
+//! instructions of a check (`benches/lua-cpu.sh`); a script made for the shape runs only
+//! the Redis calls and the arithmetic, and Redis's CPU per check bounds a node's rate.
+//!
+//! A shape is what the rules fix: per limit its algorithm, window, retain and whether its
+//! key is an earlier limit's (sliding limits over the same dimensions share a ZSET). The
+//! max stays an argument: a CIDR override changes it per request, and shapes must stay as
+//! few as the rule files make them (each is a script in Redis's script cache). A check
+//! with more than [`MAX_LIMITS`] limits runs check.lua.
+//!
+//! The arithmetic is limits.lua's, line for line; `tests/limits_script.rs` runs random
+//! checks across window edges through both and compares every answer and every key.
+//! Layout (KEYS, ARGV, reply): check.lua's header, except that ARGV[5 + i] is limit i's max
+//! and nothing else per limit is sent.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use redis::{Cmd, Script};
+
+use super::redis::{repeats, CheckCall, CheckLimit};
+use super::EXPIRY_MARGIN_MS;
+use crate::rules::Algorithm;
+
+/// The most limits a generated script takes (Lua allows 200 locals per function; each
+/// limit uses up to 8).
+pub const MAX_LIMITS: usize = 16;
+
+/// Distinct shapes kept; each is a few kB of text. Rule files make a handful per scene.
+const CACHE_SHAPES: usize = 256;
+
+/// One limit of a [`Shape`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ShapeLimit {
+    pub algorithm: Algorithm,
+    pub window_ms: u64,
+    /// Sliding windows: the longest window sharing the key (see `LimitOp::retain_ms`).
+    pub retain_ms: u64,
+    /// The index of the first earlier limit with the same key: that limit writes it.
+    pub same_key_as: Option<u8>,
+}
+
+/// What a generated script is made for (see the module header).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Shape(pub Vec<ShapeLimit>);
+
+impl Shape {
+    /// The shape of `limits`, as [`CheckCall::command`] would send them; `None` with more
+    /// than [`MAX_LIMITS`].
+    pub fn of<'l>(limits: impl ExactSizeIterator<Item = CheckLimit<'l>> + Clone) -> Option<Shape> {
+        if limits.len() > MAX_LIMITS {
+            return None;
+        }
+        let keys: Vec<&str> = limits.clone().map(|(key, ..)| key).collect();
+        let shape = limits
+            .enumerate()
+            .map(|(i, (key, algorithm, window_ms, _, retain_ms))| {
+                let window_ms = window_ms.max(1);
+                ShapeLimit {
+                    algorithm,
+                    window_ms,
+                    retain_ms: retain_ms.max(window_ms),
+                    // i < MAX_LIMITS, so the index fits.
+                    same_key_as: keys[..i].iter().position(|k| *k == key).map(|j| j as u8),
+                }
+            })
+            .collect();
+        Some(Shape(shape))
+    }
+
+    /// The Lua text of this shape's check script.
+    pub fn lua(&self) -> String {
+        Lua::new(self).text()
+    }
+}
+
+/// Scripts by shape, made on first use and kept (bounded); Redis learns each one on its
+/// first EVALSHA (NOSCRIPT, then a load: `RedisLink::eval`).
+pub struct LimitScripts {
+    cache: quick_cache::sync::Cache<Shape, Arc<Script>>,
+}
+
+impl Default for LimitScripts {
+    fn default() -> Self {
+        LimitScripts {
+            cache: quick_cache::sync::Cache::new(CACHE_SHAPES),
+        }
+    }
+}
+
+impl std::fmt::Debug for LimitScripts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimitScripts")
+            .field("shapes", &self.cache.len())
+            .finish()
+    }
+}
+
+impl LimitScripts {
+    /// The script for `limits` and its EVALSHA for `call`, or `None` when the shape is too
+    /// big for one (the caller runs check.lua).
+    pub fn command<'l>(
+        &self,
+        call: &CheckCall<'_>,
+        limits: impl ExactSizeIterator<Item = CheckLimit<'l>> + Clone,
+    ) -> Option<(Arc<Script>, Cmd)> {
+        let shape = Shape::of(limits.clone())?;
+        let script = match self.cache.get(&shape) {
+            Some(script) => script,
+            None => {
+                let script = Arc::new(Script::new(&shape.lua()));
+                self.cache.insert(shape, script.clone());
+                script
+            }
+        };
+        let cmd = command(call, script.get_hash(), limits);
+        Some((script, cmd))
+    }
+}
+
+/// The EVALSHA of a generated script (its SHA1 `sha`): check.lua's keys and fixed arguments, then each
+/// limit's max.
+pub fn command<'l>(
+    call: &CheckCall<'_>,
+    sha: &str,
+    limits: impl ExactSizeIterator<Item = CheckLimit<'l>> + Clone,
+) -> Cmd {
+    let n_keys = 2 + limits.len();
+    let mut cmd = Cmd::with_capacity(3 + n_keys + 5 + limits.len(), 64 * (n_keys + 5));
+    cmd.arg("EVALSHA").arg(sha).arg(n_keys);
+    cmd.arg(call.record_key)
+        .arg(call.idempotency_key.unwrap_or(call.record_key));
+    for (key, ..) in limits.clone() {
+        cmd.arg(key);
+    }
+    cmd.arg(call.request_id)
+        .arg(if call.dry_run { "1" } else { "0" })
+        .arg(repeats(call.id_given, call.idempotency_key.is_some()))
+        .arg(call.record_ttl_ms.max(1));
+    match call.now {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+    for (_, _, _, max, _) in limits {
+        cmd.arg(max);
+    }
+    cmd
+}
+
+/// Writes one shape's script. Limit i's locals end in i: `k` key, `m` max, `c` count
+/// before this request, `a` count after it, `x` exceeded (1/0), `r` retry ms; fixed
+/// windows add `s` start and `f` fresh, buckets `t` tokens left now.
+struct Lua<'s> {
+    shape: &'s Shape,
+    out: String,
+}
+
+// `write!` into a String cannot fail; the results are discarded with `let _`.
+impl<'s> Lua<'s> {
+    fn new(shape: &'s Shape) -> Self {
+        Lua {
+            shape,
+            out: String::with_capacity(1024 + 1024 * shape.0.len()),
+        }
+    }
+
+    fn text(mut self) -> String {
+        self.head();
+        for i in 1..=self.shape.0.len() {
+            self.evaluate(i);
+        }
+        self.deny_and_dry_run();
+        for i in 1..=self.shape.0.len() {
+            self.record(i);
+        }
+        self.record_and_reply();
+        self.out
+    }
+
+    fn limit(&self, i: usize) -> ShapeLimit {
+        self.shape.0[i - 1]
+    }
+
+    fn head(&mut self) {
+        let shape = self
+            .shape
+            .0
+            .iter()
+            .map(|l| {
+                format!(
+                    "{}:{}:{}{}",
+                    super::redis::algo_code(l.algorithm),
+                    l.window_ms,
+                    l.retain_ms,
+                    l.same_key_as
+                        .map(|j| format!("={}", j + 1))
+                        .unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        let _ = writeln!(
+            self.out,
+            "-- vigia check script for the limits {shape} (src/store/limits_script.rs):\n\
+             -- lua/check.lua for this shape, without its parsing and dispatch.\n\
+             local rid = ARGV[1]\n\
+             local rep = ARGV[3]\n\
+             local now\n\
+             if ARGV[5] == '' then\n  \
+               local t = redis.call('TIME')\n  \
+               now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n\
+             else\n  \
+               now = tonumber(ARGV[5])\n  \
+               if now == nil then return redis.error_reply('limits script: now (ARGV[5]) is not a number') end\n\
+             end\n\
+             if (rep == 'r' or rep == 'ri') and redis.call('EXISTS', KEYS[1]) == 1 then return {{'dup', rid, 0}} end\n\
+             if rep == 'i' or rep == 'ri' then\n  \
+               local first = redis.call('GET', KEYS[2])\n  \
+               if first then return {{'dup', first, 0}} end\n\
+             end"
+        );
+    }
+
+    fn evaluate(&mut self, i: usize) {
+        let l = self.limit(i);
+        let w = l.window_ms;
+        let _ = writeln!(
+            self.out,
+            "local k{i} = KEYS[{key}]\nlocal m{i} = tonumber(ARGV[{arg}])\nlocal x{i}, r{i} = 0, 0",
+            key = 2 + i,
+            arg = 5 + i
+        );
+        match l.algorithm {
+            Algorithm::SlidingWindow => {
+                let _ = writeln!(
+                    self.out,
+                    "local lo{i} = '(' .. string.format('%d', now - {w})\n\
+                     local c{i} = redis.call('ZCOUNT', k{i}, lo{i}, '+inf')\n\
+                     if c{i} + 1 > m{i} then\n  \
+                       x{i} = 1\n  \
+                       local o = redis.call('ZRANGEBYSCORE', k{i}, lo{i}, '+inf', 'WITHSCORES', 'LIMIT', math.max(c{i} - m{i}, 0), 1)\n  \
+                       if o[2] then r{i} = math.max(tonumber(o[2]) + {w} - now, 1) else r{i} = {w} end\n\
+                     end\n\
+                     local a{i} = c{i} + 1"
+                );
+            }
+            Algorithm::FixedWindow => {
+                let _ = writeln!(
+                    self.out,
+                    "local s{i} = now - (now % {w})\n\
+                     local h{i} = redis.call('HMGET', k{i}, 's', 'c')\n\
+                     local c{i}, f{i} = 0, true\n\
+                     if h{i}[1] and tonumber(h{i}[1]) == s{i} then c{i} = tonumber(h{i}[2]) or 0; f{i} = false end\n\
+                     if c{i} + 1 > m{i} then x{i} = 1; r{i} = math.max(s{i} + {w} - now, 1) end\n\
+                     local a{i} = c{i} + 1"
+                );
+            }
+            Algorithm::TokenBucket => {
+                let _ = writeln!(
+                    self.out,
+                    "local h{i} = redis.call('HMGET', k{i}, 'tk', 'ts')\n\
+                     local t{i} = m{i}\n\
+                     if h{i}[1] and h{i}[2] then\n  \
+                       t{i} = math.min(m{i}, tonumber(h{i}[1]) + math.max(now - tonumber(h{i}[2]), 0) * m{i} / {w})\n\
+                     end\n\
+                     local c{i} = math.max(math.ceil(m{i} - t{i} - 1e-9), 0)\n\
+                     if m{i} <= 0 then x{i} = 1; r{i} = {w}\n\
+                     elseif t{i} < 1 - 1e-9 then x{i} = 1; r{i} = math.max(math.ceil((1 - t{i}) * {w} / m{i} - 1e-9), 1) end\n\
+                     local a{i} = math.max(math.ceil(m{i} - (t{i} - 1) - 1e-9), 0)"
+                );
+            }
+        }
+    }
+
+    /// `{kind, '', n, count, exceeded, retry, ...}` with the counts `c` (before) or `a`.
+    fn reply(&self, kind: &str, count: char) -> String {
+        let n = self.shape.0.len();
+        let mut reply = format!("{{'{kind}', '', {n}");
+        for i in 1..=n {
+            let _ = write!(reply, ", {count}{i}, x{i}, r{i}");
+        }
+        reply.push('}');
+        reply
+    }
+
+    fn deny_and_dry_run(&mut self) {
+        let n = self.shape.0.len();
+        let any = if n == 0 {
+            "0".to_owned()
+        } else {
+            (1..=n)
+                .map(|i| format!("x{i}"))
+                .collect::<Vec<_>>()
+                .join(" + ")
+        };
+        let deny = self.reply("deny", 'c');
+        let allow = self.reply("allow", 'a');
+        let _ = writeln!(
+            self.out,
+            "if {any} > 0 then return {deny} end\nif ARGV[2] == '1' then return {allow} end"
+        );
+    }
+
+    /// The longest retain among the limits writing key `i` (limit i and those sharing it).
+    fn retain(&self, i: usize) -> u64 {
+        let me = (i - 1) as u8;
+        self.shape
+            .0
+            .iter()
+            .enumerate()
+            .filter(|(j, l)| *j == i - 1 || l.same_key_as == Some(me))
+            .map(|(_, l)| l.retain_ms)
+            .max()
+            .unwrap_or(self.limit(i).retain_ms)
+    }
+
+    fn record(&mut self, i: usize) {
+        let l = self.limit(i);
+        if l.same_key_as.is_some() {
+            // Written by the limit whose key it shares (limits.lua: a key is written once).
+            return;
+        }
+        let w = l.window_ms;
+        let margin = EXPIRY_MARGIN_MS;
+        match l.algorithm {
+            Algorithm::SlidingWindow => {
+                let retain = self.retain(i);
+                let _ = writeln!(
+                    self.out,
+                    "redis.call('ZREMRANGEBYSCORE', k{i}, '-inf', now - {retain})\n\
+                     redis.call('ZADD', k{i}, now, rid)\n\
+                     redis.call('PEXPIRE', k{i}, {expire})",
+                    expire = retain + margin
+                );
+            }
+            Algorithm::FixedWindow => {
+                let _ = writeln!(
+                    self.out,
+                    "if f{i} then\n  \
+                       redis.call('HSET', k{i}, 's', s{i}, 'c', c{i} + 1)\n  \
+                       redis.call('PEXPIRE', k{i}, s{i} + {w} - now + {margin})\n\
+                     else\n  \
+                       redis.call('HSET', k{i}, 'c', c{i} + 1)\n\
+                     end"
+                );
+            }
+            Algorithm::TokenBucket => {
+                let _ = writeln!(
+                    self.out,
+                    "do\n  \
+                       local left = t{i} - 1\n  \
+                       redis.call('HSET', k{i}, 'tk', string.format('%.17g', left), 'ts', now, 'cap', m{i})\n  \
+                       redis.call('PEXPIRE', k{i}, math.max(math.ceil((m{i} - left) * {w} / m{i} - 1e-9), 1) + {margin})\n\
+                     end"
+                );
+            }
+        }
+    }
+
+    fn record_and_reply(&mut self) {
+        // The record names the fixed windows and buckets written (limits.lua's header).
+        let entries: Vec<String> = (1..=self.shape.0.len())
+            .filter(|&i| self.limit(i).same_key_as.is_none())
+            .filter_map(|i| match self.limit(i).algorithm {
+                Algorithm::SlidingWindow => None,
+                Algorithm::FixedWindow => {
+                    Some(format!("[k{i}] = 'f:' .. string.format('%d', s{i})"))
+                }
+                Algorithm::TokenBucket => Some(format!("[k{i}] = 't'")),
+            })
+            .collect();
+        let encoded = if entries.is_empty() {
+            "'{\"k\":{}}'".to_owned()
+        } else {
+            format!("cjson.encode({{k = {{{}}}}})", entries.join(", "))
+        };
+        let allow = self.reply("allow", 'a');
+        let _ = writeln!(
+            self.out,
+            "local ttl = math.max(tonumber(ARGV[4]) or 0, 1)\n\
+             redis.call('SET', KEYS[1], {encoded}, 'PX', ttl)\n\
+             if rep == 'i' or rep == 'ri' then redis.call('SET', KEYS[2], rid, 'PX', ttl) end\n\
+             return {allow}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(limits: &[(&'static str, Algorithm, u64, u64)]) -> Shape {
+        Shape::of(limits.iter().map(|&(k, a, w, r)| (k, a, w, 5, r))).expect("fits")
+    }
+
+    #[test]
+    fn sliding_limits_over_one_key_are_one_shape_whose_first_writes_the_key() {
+        let s = shape(&[
+            ("u", Algorithm::SlidingWindow, 10_000, 60_000),
+            ("u", Algorithm::SlidingWindow, 60_000, 60_000),
+            ("ip", Algorithm::FixedWindow, 60_000, 60_000),
+        ]);
+        assert_eq!(s.0[1].same_key_as, Some(0));
+        assert_eq!(s.0[2].same_key_as, None);
+        let lua = s.lua();
+        // One trim and one add for the shared ZSET, kept for the longest window.
+        assert_eq!(lua.matches("ZADD").count(), 1, "{lua}");
+        assert!(lua.contains("redis.call('PEXPIRE', k1, 61000)"), "{lua}");
+    }
+
+    #[test]
+    fn the_max_is_not_part_of_the_shape() {
+        let a = Shape::of([("u", Algorithm::FixedWindow, 1000, 3, 1000)].into_iter());
+        let b = Shape::of([("v", Algorithm::FixedWindow, 1000, 300, 1000)].into_iter());
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn too_many_limits_have_no_shape() {
+        let limits = vec![("k", Algorithm::FixedWindow, 1000, 1, 1000); MAX_LIMITS + 1];
+        assert_eq!(Shape::of(limits.into_iter()), None);
+    }
+}

@@ -1,0 +1,210 @@
+//! The scripts made per shape of limits (`store::limits_script`) against check.lua, the
+//! general script they replace: the same random checks, across window edges, dry runs,
+//! repeated ids and idempotency keys, through both on one Redis (each under its own key
+//! prefix), must give the same answer every time and leave the same keys behind.
+
+use std::collections::BTreeMap;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use redis::{Cmd, Script, Value};
+use vigia::rules::Algorithm;
+use vigia::store::limits_script::Shape;
+use vigia::store::redis::{CheckCall, CHECK_LUA};
+
+use crate::common::RedisServer;
+
+/// One limit of a test shape: the key's tail (prefix and user come in front), algorithm,
+/// window, max, retain. Retains are minutes long, and so are the fixed windows and buckets
+/// (whose keys expire with them): the test moves its own clock (`now`) but keys expire on
+/// Redis's, and a key expiring between the two scripts' calls or dumps would be a difference
+/// of timing, not of scripts.
+type Spec = (&'static str, Algorithm, u64, u64, u64);
+
+const SEC: u64 = 1000;
+
+/// Shapes that cover each branch: every algorithm, sliding limits sharing a ZSET (with the
+/// longer window second), a fixed window and a bucket over one key each, small maxes so
+/// that denies and retry times come often.
+fn shapes() -> Vec<Vec<Spec>> {
+    use Algorithm::*;
+    vec![
+        // The bench scene.
+        vec![
+            ("uid", SlidingWindow, 10 * SEC, 3, 600 * SEC),
+            ("did", SlidingWindow, 86_400 * SEC, 10, 86_400 * SEC),
+            ("fw:ip", FixedWindow, 60 * SEC, 6, 600 * SEC),
+            ("fw:act", FixedWindow, 60 * SEC, 100_000_000, 600 * SEC),
+        ],
+        vec![
+            ("uid", SlidingWindow, 2 * SEC, 2, 600 * SEC),
+            ("uid", SlidingWindow, 7 * SEC, 4, 900 * SEC),
+            ("tb:uid", TokenBucket, 60 * SEC, 20, 600 * SEC),
+        ],
+        vec![
+            ("tb:uid", TokenBucket, 60 * SEC, 15, 600 * SEC),
+            ("fw:uid", FixedWindow, 60 * SEC, 12, 600 * SEC),
+        ],
+        vec![],
+    ]
+}
+
+fn load(conn: &mut redis::Connection, text: &str) -> String {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(text)
+        .query(conn)
+        .expect("SCRIPT LOAD")
+}
+
+fn run(conn: &mut redis::Connection, cmd: &Cmd) -> Value {
+    cmd.query(conn)
+        .unwrap_or_else(|e| panic!("EVALSHA failed: {e}"))
+}
+
+/// Every key under `prefix` with its contents (the prefix cut off, also inside records) and
+/// whether it expires.
+fn dump(conn: &mut redis::Connection, prefix: &str) -> BTreeMap<String, (String, bool)> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(conn)
+        .expect("KEYS");
+    keys.into_iter()
+        .map(|key| {
+            let kind: String = redis::cmd("TYPE").arg(&key).query(conn).expect("TYPE");
+            let contents = match kind.as_str() {
+                "zset" => {
+                    let v: Vec<(String, String)> = redis::cmd("ZRANGE")
+                        .arg(&key)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES")
+                        .query(conn)
+                        .expect("ZRANGE");
+                    format!("{v:?}")
+                }
+                "hash" => {
+                    let v: BTreeMap<String, String> = redis::cmd("HGETALL")
+                        .arg(&key)
+                        .query(conn)
+                        .expect("HGETALL");
+                    format!("{v:?}")
+                }
+                "string" => {
+                    let v: String = redis::cmd("GET").arg(&key).query(conn).expect("GET");
+                    // A record is JSON whose object order is cjson's: compare it parsed.
+                    match serde_json::from_str::<serde_json::Value>(&v.replace(prefix, "")) {
+                        Ok(json) => json.to_string(),
+                        Err(_) => v,
+                    }
+                }
+                other => panic!("{key}: unexpected type {other}"),
+            };
+            let pttl: i64 = redis::cmd("PTTL").arg(&key).query(conn).expect("PTTL");
+            (key[prefix.len()..].to_owned(), (contents, pttl > 0))
+        })
+        .collect()
+}
+
+#[test]
+fn a_script_made_for_a_shape_answers_and_writes_as_check_lua_does() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let general = load(&mut conn, CHECK_LUA);
+    assert_eq!(general, Script::new(CHECK_LUA).get_hash());
+    let mut rng = ChaCha8Rng::seed_from_u64(20261206);
+    // Near the real time: expiries run on Redis's clock.
+    let mut now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64;
+    let mut answers: BTreeMap<String, u32> = BTreeMap::new();
+    for (s, specs) in shapes().into_iter().enumerate() {
+        let mut shaped: Option<String> = None;
+        for step in 0..600 {
+            // Steps that land on window edges (whole seconds) as often as between them.
+            now += [0, 1, 499, 500, 999, 1000, 1001, 1500, 2000][rng.random_range(0..9)];
+            let user = rng.random_range(0..3);
+            let request_id = if rng.random_bool(0.1) && step > 0 {
+                format!("r{s}-{}", step - 1)
+            } else {
+                format!("r{s}-{step}")
+            };
+            let idem = rng
+                .random_bool(0.2)
+                .then(|| format!("i{}", rng.random_range(0..4)));
+            let dry_run = rng.random_bool(0.15);
+            let id_given = rng.random_bool(0.5);
+            let mut answer = Vec::new();
+            for prefix in ["general:", "shaped:"] {
+                let keys: Vec<String> = specs
+                    .iter()
+                    .map(|(tail, ..)| format!("{prefix}{tail}:{user}"))
+                    .collect();
+                let record_key = format!("{prefix}req:{request_id}");
+                let idem_key = idem.as_ref().map(|i| format!("{prefix}idem:{i}"));
+                let call = CheckCall {
+                    record_key: &record_key,
+                    idempotency_key: idem_key.as_deref(),
+                    request_id: &request_id,
+                    dry_run,
+                    id_given,
+                    record_ttl_ms: 900 * SEC,
+                    now: Some(now),
+                };
+                let limits = specs
+                    .iter()
+                    .zip(&keys)
+                    .map(|(&(_, a, w, m, r), k)| (k.as_str(), a, w, m, r));
+                let cmd = if prefix == "general:" {
+                    call.command(&general, limits)
+                } else {
+                    // The shape does not depend on the user: its script is loaded once.
+                    let sha = shaped.get_or_insert_with(|| {
+                        let shape = Shape::of(limits.clone()).expect("a shape");
+                        load(&mut conn, &shape.lua())
+                    });
+                    vigia::store::limits_script::command(&call, sha, limits)
+                };
+                answer.push(run(&mut conn, &cmd));
+            }
+            assert_eq!(
+                answer[0], answer[1],
+                "shape {s}, step {step} (now {now}, user {user}, id {request_id}, idem {idem:?}, dry run {dry_run}): check.lua then the shaped script"
+            );
+            *answers.entry(kind(&answer[0])).or_default() += 1;
+            if step % 50 == 49 {
+                let (general, shaped) = (dump(&mut conn, "general:"), dump(&mut conn, "shaped:"));
+                let differ: Vec<_> = general
+                    .keys()
+                    .chain(shaped.keys())
+                    .filter(|k| general.get(*k) != shaped.get(*k))
+                    .map(|k| (k, general.get(k), shaped.get(k)))
+                    .collect();
+                assert!(
+                    differ.is_empty(),
+                    "shape {s}, after step {step}: the keys differ (key, check.lua, shaped): {differ:?}"
+                );
+            }
+        }
+    }
+    assert_eq!(answers.values().sum::<u32>(), 2400);
+    // The workload crossed every answer many times (a test of allows only would prove little).
+    for kind in ["allow", "deny", "dup"] {
+        assert!(
+            answers.get(kind).copied().unwrap_or(0) >= 100,
+            "{answers:?}"
+        );
+    }
+}
+
+/// The first element of a check script's reply: allow, deny or dup.
+fn kind(reply: &Value) -> String {
+    match reply {
+        Value::Array(items) => match items.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            other => panic!("reply starts with {other:?}"),
+        },
+        other => panic!("reply {other:?}"),
+    }
+}
