@@ -10,7 +10,7 @@ Rows, in this order (default: all of them):
   embedded         vigia, embedded store (a fresh data folder)
   peer             ../shared/bench/peer.sh: node + rate-limiter-flexible over the same Redis
   floor-http       examples/floor_http.rs: actix-web + serde, no store
-  floor-redis      examples/floor_redis.rs: the same + one EVALSHA of lua/check.lua
+  floor-redis      examples/floor_redis.rs: the same + one EVALSHA of the bench scene's script
   hammer-redis     the hammering workload (benches/wrk/hammer.lua: 90 % of checks from 1000
   hammer-embedded  accounts already over user_10s, 10 % fresh) on vigia Redis mode,
   hammer-peer      vigia embedded and the peer

@@ -1,9 +1,10 @@
-//! The "one script call" floor of `benches/load.sh`: a bare actix-web + serde server that
-//! runs one EVALSHA of the service's own check script (`lua/limits.lua` then
-//! `lua/check.lua`, composed as `src/store/redis.rs` composes them) per request, with the
-//! bench scene's four limits (`benches/rules/bench.toml`) and a fresh request id each time,
-//! and answers 200 on allow, 429 on deny. No rules, no breaker, no metrics: the least an
-//! HTTP service doing one script call per check can cost.
+//! The "one script call" floor of `benches/load.py`: a bare actix-web + serde server that
+//! runs one EVALSHA of the script the service runs for the bench scene (the one
+//! `vigia::store::limits_script` makes for its shape of limits, the service's own code)
+//! per request, with the bench scene's four limits (`benches/rules/bench.toml`) and a
+//! fresh request id each time, and answers 200 on allow, 429 on deny. No rules, no
+//! breaker, no metrics: the least an HTTP service doing one script call per check can
+//! cost.
 //!
 //! Each actix worker opens its own multiplexed connection on its first request, so the
 //! connection's driver runs on the worker's runtime and a request never crosses threads.
@@ -15,24 +16,30 @@ use redis::aio::MultiplexedConnection;
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
-
-/// The same text the service loads, so the floor follows the script as it changes.
-const CHECK_LUA: &str = concat!(
-    include_str!("../lua/limits.lua"),
-    include_str!("../lua/check.lua")
-);
+use vigia::rules::Algorithm;
+use vigia::store::limits_script::Shape;
 
 /// The service's default `record_horizon_ms` (config.toml): the request record's TTL.
 const RECORD_TTL_MS: u64 = 3_600_000;
 
-/// The bench scene's limits as check.lua's per-limit ARGV (algorithm, window_ms, max,
-/// retain_ms), in the order of the limit keys below.
-const LIMITS: [[&str; 4]; 4] = [
-    ["s", "10000", "3", "10000"],         // user_10s
-    ["s", "86400000", "10", "86400000"],  // device_1d
-    ["f", "60000", "100", "60000"],       // ip_60s
-    ["f", "60000", "100000000", "60000"], // activity_60s
+/// The bench scene's limits (algorithm, window_ms, max, retain_ms), in the order of the
+/// limit keys below.
+const LIMITS: [(Algorithm, u64, u64, u64); 4] = [
+    (Algorithm::SlidingWindow, 10_000, 3, 10_000), // user_10s
+    (Algorithm::SlidingWindow, 86_400_000, 10, 86_400_000), // device_1d
+    (Algorithm::FixedWindow, 60_000, 100, 60_000), // ip_60s
+    (Algorithm::FixedWindow, 60_000, 100_000_000, 60_000), // activity_60s
 ];
+
+/// The script the service makes for the bench scene's shape (no two limits share a key).
+fn shaped_lua() -> String {
+    let keys = ["u", "d", "i", "a"];
+    let limits = LIMITS
+        .iter()
+        .zip(keys)
+        .map(|(&(a, w, m, r), k)| (k, a, w, m, r));
+    Shape::of(limits).expect("four limits fit a shape").lua()
+}
 
 #[derive(Deserialize)]
 struct Check {
@@ -91,14 +98,15 @@ async fn run_check(worker: &Worker, body: &Check) -> redis::RedisResult<bool> {
             "lt:{scene}:fw:activity_60s:act:{}",
             body.activity_id
         ));
-    // ARGV: request id, not a dry run, no idempotency key, record TTL, Redis TIME.
+    // ARGV: request id, not a dry run, no repeat to look for (the id is fresh), record
+    // TTL, Redis TIME, then each limit's max.
     inv.arg(&request_id)
         .arg("0")
-        .arg("0")
+        .arg("")
         .arg(RECORD_TTL_MS)
         .arg("");
-    for limit in LIMITS {
-        inv.arg(&limit[..]);
+    for (_, _, max, _) in LIMITS {
+        inv.arg(max);
     }
     let mut conn = worker.conn().await?;
     let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
@@ -113,12 +121,13 @@ async fn main() -> std::io::Result<()> {
         .next()
         .unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
     let client = redis::Client::open(url).map_err(std::io::Error::other)?;
+    let lua = shaped_lua();
     HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(Worker {
                 client: client.clone(),
                 conn: OnceCell::new(),
-                script: Script::new(CHECK_LUA),
+                script: Script::new(&lua),
             }))
             .route("/v1/check", web::post().to(check))
     })
