@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Number, Value};
 
 use crate::keys::DimensionValues;
 use crate::rules::{RuleSet, Scene};
@@ -66,17 +66,77 @@ impl RequestError {
     }
 }
 
+/// One field of a body as JSON gave it: what the readers below look at, whether the body
+/// was read into a `serde_json::Value` (refunds, events, simulate) or straight into a typed
+/// body (`check::body::CheckBody`, the hot path).
+#[derive(Debug, Clone, Copy)]
+pub enum Field<'a> {
+    Null,
+    Bool(bool),
+    Number(&'a Number),
+    Str(&'a str),
+    Array,
+    Object(&'a dyn Fields),
+}
+
+/// A JSON object the readers can read fields of.
+pub trait Fields: std::fmt::Debug {
+    /// The field `name`; `None` when absent.
+    fn field(&self, name: &str) -> Option<Field<'_>>;
+    /// The first field name (in sorted order, as a `serde_json::Map` iterates) not among
+    /// `known`.
+    fn first_unknown(&self, known: &[&str]) -> Option<&str>;
+    /// Every field name, in sorted order.
+    fn names(&self) -> Box<dyn Iterator<Item = &str> + '_>;
+}
+
+impl<'a> From<&'a Value> for Field<'a> {
+    fn from(v: &'a Value) -> Self {
+        match v {
+            Value::Null => Field::Null,
+            Value::Bool(b) => Field::Bool(*b),
+            Value::Number(n) => Field::Number(n),
+            Value::String(s) => Field::Str(s),
+            Value::Array(_) => Field::Array,
+            Value::Object(map) => Field::Object(map),
+        }
+    }
+}
+
+impl Fields for Map<String, Value> {
+    fn field(&self, name: &str) -> Option<Field<'_>> {
+        self.get(name).map(Field::from)
+    }
+
+    fn first_unknown(&self, known: &[&str]) -> Option<&str> {
+        self.keys().map(String::as_str).find(|k| !known.contains(k))
+    }
+
+    fn names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        Box::new(self.keys().map(String::as_str))
+    }
+}
+
+/// Absent or null.
+fn present<'a>(obj: &'a (impl Fields + ?Sized), name: &str) -> Option<Field<'a>> {
+    obj.field(name).filter(|f| !matches!(f, Field::Null))
+}
+
 /// The body as a JSON object.
 pub fn object(body: &Value) -> Result<&Map<String, Value>, RequestError> {
-    body.as_object()
-        .ok_or_else(|| RequestError::InvalidJson("the body must be a JSON object".into()))
+    body.as_object().ok_or_else(not_an_object)
+}
+
+/// The error of a body that is valid JSON but no object.
+pub fn not_an_object() -> RequestError {
+    RequestError::InvalidJson("the body must be a JSON object".into())
 }
 
 /// The `scene` field: a scene of the current rule set.
-pub fn scene(rules: &RuleSet, obj: &Map<String, Value>) -> Result<Arc<Scene>, RequestError> {
-    match obj.get("scene") {
-        None | Some(Value::Null) => Err(RequestError::invalid("scene", "is required")),
-        Some(Value::String(s)) => rules
+pub fn scene(rules: &RuleSet, obj: &(impl Fields + ?Sized)) -> Result<Arc<Scene>, RequestError> {
+    match present(obj, "scene") {
+        None => Err(RequestError::invalid("scene", "is required")),
+        Some(Field::Str(s)) => rules
             .scene(s)
             .cloned()
             .ok_or_else(|| RequestError::UnknownScene(truncate(s))),
@@ -104,11 +164,11 @@ pub fn integer_text(n: &serde_json::Number) -> Option<String> {
 }
 
 /// A string or integer id; `Ok(None)` when absent or null.
-pub fn id(obj: &Map<String, Value>, field: &str) -> Result<Option<String>, RequestError> {
-    let s = match obj.get(field) {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => integer_text(n)
+pub fn id(obj: &(impl Fields + ?Sized), field: &str) -> Result<Option<String>, RequestError> {
+    let s = match present(obj, field) {
+        None => return Ok(None),
+        Some(Field::Str(s)) => s.to_owned(),
+        Some(Field::Number(n)) => integer_text(n)
             .ok_or_else(|| RequestError::invalid(field, "must be a string or an integer"))?,
         Some(_) => {
             return Err(RequestError::invalid(
@@ -140,17 +200,15 @@ pub fn bounded(field: &str, s: String) -> Result<String, RequestError> {
 }
 
 /// The body's request id, or a new ULID: time-ordered on the service clock, random below.
-pub fn request_id(obj: &Map<String, Value>, now_ms: u64) -> Result<String, RequestError> {
-    match obj.get("request_id") {
-        None | Some(Value::Null) => {
-            Ok(ulid::Ulid::from_parts(now_ms, rand::random::<u128>()).to_string())
-        }
-        Some(Value::String(s))
+pub fn request_id(obj: &(impl Fields + ?Sized), now_ms: u64) -> Result<String, RequestError> {
+    match present(obj, "request_id") {
+        None => Ok(ulid::Ulid::from_parts(now_ms, rand::random::<u128>()).to_string()),
+        Some(Field::Str(s))
             if (1..=64).contains(&s.len())
                 && s.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') =>
         {
-            Ok(s.clone())
+            Ok(s.to_owned())
         }
         Some(_) => Err(RequestError::invalid(
             "request_id",
@@ -160,15 +218,15 @@ pub fn request_id(obj: &Map<String, Value>, now_ms: u64) -> Result<String, Reque
 }
 
 /// The `ip` field in canonical text form (`::ffff:1.2.3.4` is `1.2.3.4`), and the address.
-pub fn ip(obj: &Map<String, Value>) -> Result<Option<(String, IpAddr)>, RequestError> {
-    match obj.get("ip") {
-        None | Some(Value::Null) => Ok(None),
+pub fn ip(obj: &(impl Fields + ?Sized)) -> Result<Option<(String, IpAddr)>, RequestError> {
+    match present(obj, "ip") {
+        None => Ok(None),
         // Exactly the address text (no surrounding blanks), as the API document's
         // ipv4/ipv6 formats say.
-        Some(Value::String(s)) => match s.parse::<IpAddr>() {
+        Some(Field::Str(s)) => match s.parse::<IpAddr>() {
             // The IPv4 parser takes only the canonical dotted quad (no leading zeros, no
             // other notation): the text is already the key's.
-            Ok(a @ IpAddr::V4(_)) => Ok(Some((s.clone(), a))),
+            Ok(a @ IpAddr::V4(_)) => Ok(Some((s.to_owned(), a))),
             // One address, one key: ::ffff:1.2.3.4 counts as 1.2.3.4.
             Ok(a) => {
                 let a = a.to_canonical();
@@ -194,8 +252,8 @@ pub fn rfc3339(s: &str) -> Result<chrono::DateTime<chrono::FixedOffset>, String>
 }
 
 /// Refuses a field not in `fields`, naming it.
-pub fn known_fields(obj: &Map<String, Value>, fields: &[&str]) -> Result<(), RequestError> {
-    match obj.keys().find(|k| !fields.contains(&k.as_str())) {
+pub fn known_fields(obj: &(impl Fields + ?Sized), fields: &[&str]) -> Result<(), RequestError> {
+    match obj.first_unknown(fields) {
         None => Ok(()),
         Some(unknown) => Err(RequestError::invalid(
             &truncate(unknown),
@@ -208,17 +266,17 @@ pub fn known_fields(obj: &Map<String, Value>, fields: &[&str]) -> Result<(), Req
 /// pattern.
 pub fn attrs(
     rules: &RuleSet,
-    obj: &Map<String, Value>,
+    obj: &(impl Fields + ?Sized),
 ) -> Result<BTreeMap<Arc<str>, String>, RequestError> {
     let mut out = BTreeMap::new();
-    let map = match obj.get("attrs") {
-        None | Some(Value::Null) => return Ok(out),
-        Some(Value::Object(map)) => map,
+    let map = match present(obj, "attrs") {
+        None => return Ok(out),
+        Some(Field::Object(map)) => map,
         Some(_) => return Err(RequestError::invalid("attrs", "must be an object")),
     };
-    for name in map.keys() {
+    for name in map.names() {
         let field = format!("attrs.{}", truncate(name));
-        let Some((key, attr)) = rules.attributes.get_key_value(name.as_str()) else {
+        let Some((key, attr)) = rules.attributes.get_key_value(name) else {
             return Err(RequestError::invalid(
                 &field,
                 "is not declared in the rule set's [attributes]",
@@ -244,7 +302,7 @@ pub fn attrs(
 /// verdict), not an input error.
 pub fn values(
     rules: &RuleSet,
-    obj: &Map<String, Value>,
+    obj: &(impl Fields + ?Sized),
 ) -> Result<(DimensionValues, bool), RequestError> {
     let user = id(obj, "user_id")?
         .map(|s| bounded("user_id", s))

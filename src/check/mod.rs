@@ -9,6 +9,7 @@
 //! trust is the deciders' to read, and refunds are [`crate::refund`]'s: nothing here
 //! imports `trust` or `refund`.
 
+pub mod body;
 pub mod decision;
 pub mod gateway;
 pub mod over_limit;
@@ -18,8 +19,6 @@ pub mod request;
 
 use std::sync::Arc;
 use std::time::Instant;
-
-use serde_json::Value;
 
 use crate::clock::Clock;
 use crate::decide::{Decided, Decider};
@@ -111,7 +110,7 @@ impl Checker {
     pub async fn check(
         &self,
         rules: &RuleSet,
-        body: &Value,
+        body: &(impl request::Body + ?Sized),
     ) -> Result<CheckResponse, RequestError> {
         let started = Instant::now();
         let req = request::parse_check(rules, body, self.clock.now_ms())?;

@@ -10,7 +10,11 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use crate::input::{bounded, id, known_fields, object, request_id, scene, values, RequestError};
+use super::body::{RawCheck, FIELDS};
+use crate::input::{
+    bounded, id, known_fields, not_an_object, object, request_id, scene, values, Field, Fields,
+    RequestError,
+};
 use crate::keys::DimensionValues;
 use crate::rules::{Dimension, RuleSet, Scene};
 
@@ -31,21 +35,6 @@ pub struct CheckRequest {
     pub device_invalid: bool,
 }
 
-/// Every field a `/v1/check` body may carry: anything else is refused, so a misspelt
-/// `dryRun` cannot record a real request.
-const CHECK_FIELDS: [&str; 10] = [
-    "scene",
-    "request_id",
-    "user_id",
-    "device_id",
-    "ip",
-    "activity_id",
-    "attrs",
-    "idempotency_key",
-    "user_created_at",
-    "dry_run",
-];
-
 fn require(scene: &Scene, values: &DimensionValues) -> Result<(), RequestError> {
     for d in &scene.required {
         if values.get(d).is_none() {
@@ -58,26 +47,48 @@ fn require(scene: &Scene, values: &DimensionValues) -> Result<(), RequestError> 
     Ok(())
 }
 
+/// A `/v1/check` body as it came: read into a `serde_json::Value` (simulate, tests) or
+/// straight into a [`RawCheck`] (the HTTP handler).
+pub trait Body {
+    /// The body's fields, or the error of a body that is no JSON object.
+    fn fields(&self) -> Result<&dyn Fields, RequestError>;
+}
+
+impl Body for Value {
+    fn fields(&self) -> Result<&dyn Fields, RequestError> {
+        Ok(object(self)?)
+    }
+}
+
+impl Body for RawCheck {
+    fn fields(&self) -> Result<&dyn Fields, RequestError> {
+        if self.not_object {
+            return Err(not_an_object());
+        }
+        Ok(self)
+    }
+}
+
 /// Validates a `/v1/check` body against the current rule set; `now_ms` dates the request
 /// id made when the body has none.
 pub fn parse_check(
     rules: &RuleSet,
-    body: &Value,
+    body: &(impl Body + ?Sized),
     now_ms: u64,
 ) -> Result<CheckRequest, RequestError> {
-    let obj = object(body)?;
-    known_fields(obj, &CHECK_FIELDS)?;
+    let obj = body.fields()?;
+    known_fields(obj, &FIELDS)?;
     let scene = scene(rules, obj)?;
     let request_id = request_id(obj, now_ms)?;
-    let id_given = obj.get("request_id").is_some_and(|v| !v.is_null());
+    let id_given = !matches!(obj.field("request_id"), None | Some(Field::Null));
     let (values, device_too_long) = values(rules, obj)?;
     require(&scene, &values)?;
     let idempotency_key = id(obj, "idempotency_key")?
         .map(|s| bounded("idempotency_key", s))
         .transpose()?;
-    let user_created_at = match obj.get("user_created_at") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(
+    let user_created_at = match obj.field("user_created_at") {
+        None | Some(Field::Null) => None,
+        Some(Field::Str(s)) => Some(
             crate::input::rfc3339(s)
                 .map_err(|e| {
                     RequestError::invalid("user_created_at", format!("not RFC 3339: {e}"))
@@ -86,9 +97,9 @@ pub fn parse_check(
         ),
         Some(_) => return Err(RequestError::invalid("user_created_at", "must be a string")),
     };
-    let dry_run = match obj.get("dry_run") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
+    let dry_run = match obj.field("dry_run") {
+        None | Some(Field::Null) => false,
+        Some(Field::Bool(b)) => b,
         Some(_) => return Err(RequestError::invalid("dry_run", "must be true or false")),
     };
     let device_invalid = device_too_long
@@ -106,4 +117,98 @@ pub fn parse_check(
         dry_run,
         device_invalid,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules() -> RuleSet {
+        let toml = r#"
+[attributes]
+phone_range = { pattern = "^[0-9]{3,6}$" }
+
+[validation]
+device_id = { pattern = "^[A-Za-z0-9_-]{8,64}$" }
+
+[scene.s]
+on_store_error = "fail_close"
+required = ["user", "ip"]
+
+[[scene.s.limits]]
+name = "user_10s"
+dimensions = ["user"]
+algorithm = "sliding_window"
+window = "10s"
+max = 1
+
+[[scene.s.limits]]
+name = "ip_1h"
+dimensions = ["ip"]
+algorithm = "fixed_window"
+window = "1h"
+max = 5
+"#;
+        crate::rules::compile_files(&[("r.toml".into(), toml.into())]).expect("rules compile")
+    }
+
+    /// What a parse gives, comparable: the request's fields or the error.
+    fn outcome(r: Result<CheckRequest, RequestError>) -> String {
+        match r {
+            Ok(req) => format!(
+                "{} {} {:?} {:?} {:?} {} {}",
+                req.scene.name,
+                req.request_id,
+                req.values,
+                req.idempotency_key,
+                req.user_created_at,
+                req.dry_run,
+                req.device_invalid
+            ),
+            Err(e) => format!("{} {:?}: {e}", e.code(), e.field()),
+        }
+    }
+
+    /// The HTTP handler reads a [`RawCheck`]; simulate and the tests a `Value`. Every body,
+    /// good or bad, must come out the same both ways, down to the error message.
+    #[test]
+    fn a_raw_check_and_its_value_parse_alike() {
+        let rules = rules();
+        let bodies = [
+            r#"{"scene":"s","request_id":"r1","user_id":"u","ip":"192.0.2.1","device_id":"dev-0001"}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":10086.0,"ip":"::ffff:192.0.2.1","attrs":{"phone_range":"1234"}}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":"u","ip":"192.0.2.1","device_id":"bad id","dry_run":true,"idempotency_key":7,"user_created_at":"2026-01-02T03:04:05Z"}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":"u","ip":"192.0.2.1","dryRun":true,"zz":1,"b":[1]}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":"u","ip":"192.0.2.1","attrs":{"phone_range":"12","other":"x"}}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":"u","ip":"192.0.2.1","attrs":{"zz":1,"phone_range":{"a":1}}}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":"u","ip":"192.0.2.1","attrs":[1]}"#,
+            r#"{"scene":"s","request_id":"has space","user_id":"u","ip":"192.0.2.1"}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":["u"],"ip":"192.0.2.1"}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":"","ip":"192.0.2.1"}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":1.5,"ip":"192.0.2.1"}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":"u","ip":42}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":"u","ip":" 192.0.2.1"}"#,
+            r#"{"scene":"s","request_id":"r1","ip":"192.0.2.1"}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":"u","ip":"192.0.2.1","dry_run":"yes"}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":"u","ip":"192.0.2.1","user_created_at":"2026-01-02 03:04:05Z"}"#,
+            r#"{"scene":"s","request_id":"r1","user_id":"u","ip":"192.0.2.1","user_created_at":5}"#,
+            r#"{"scene":"nope","request_id":"r1"}"#,
+            r#"{"scene":7}"#,
+            r#"{"scene":null,"request_id":"r1"}"#,
+            r#"{"scene":"a","scene":"s","request_id":"r1","user_id":"u","ip":"192.0.2.1"}"#,
+            r#"{}"#,
+            r#"[1,2]"#,
+            r#""s""#,
+            r#"null"#,
+        ];
+        for text in bodies {
+            let value: Value = serde_json::from_str(text).expect(text);
+            let raw: RawCheck = serde_json::from_str(text).expect(text);
+            assert_eq!(
+                outcome(parse_check(&rules, &raw, 1)),
+                outcome(parse_check(&rules, &value, 1)),
+                "{text}"
+            );
+        }
+    }
 }

@@ -19,6 +19,7 @@ use utoipa::{PartialSchema, ToSchema};
 
 use super::errors::{ApiError, ErrorBody};
 use super::AppState;
+use crate::check::body::RawCheck;
 use crate::check::decision::{ceil_secs, CheckResponse, Decision, Reason};
 use crate::input::MAX_ID_LEN;
 
@@ -233,16 +234,20 @@ pub struct RefundAnswer {
 pub async fn check(
     req: HttpRequest,
     state: web::Data<AppState>,
-    body: web::Json<Value>,
+    body: web::Json<RawCheck>,
 ) -> Result<HttpResponse, ApiError> {
     super::auth::require_check(&req, &state.auth.check_token)?;
     let rules = state.rules.current();
-    let resp = state.checker.check(&rules, &body).await?;
-    if let Some(recording) = &state.recording {
-        recording.check(&body, &resp);
-    }
-    if let Some(log) = &state.decision_log {
-        log.write(&body, &resp);
+    let resp = state.checker.check(&rules, &*body).await?;
+    // What the caller sent, as JSON, only for the sinks that keep it.
+    if state.recording.is_some() || state.decision_log.is_some() {
+        let sent = body.to_value();
+        if let Some(recording) = &state.recording {
+            recording.check(&sent, &resp);
+        }
+        if let Some(log) = &state.decision_log {
+            log.write(&sent, &resp);
+        }
     }
     Ok(respond(&resp))
 }
