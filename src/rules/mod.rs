@@ -23,7 +23,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv6Net};
 use regex::Regex;
 
 use crate::clock::Clock;
@@ -126,15 +126,30 @@ impl Default for Network {
 impl Network {
     /// The network of `ip` as text (`203.0.113.0/24`, `2001:db8:1::/48`).
     pub fn of(&self, ip: IpAddr) -> String {
-        let net = match ip {
-            IpAddr::V4(v4) => Ipv4Net::new(v4, self.ipv4_prefix.min(32))
-                .map(|n| IpNet::V4(n.trunc()))
-                .unwrap_or_else(|_| IpNet::from(ip)),
+        match ip {
+            // Every check with an address pays for this: written digit by digit, not
+            // through `Display` (`ipnet`'s text, which `of_v6` keeps, is the same).
+            IpAddr::V4(v4) => {
+                let prefix = self.ipv4_prefix.min(32);
+                let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+                let octets = (u32::from(v4) & mask).to_be_bytes();
+                let mut digits = itoa::Buffer::new();
+                let mut out = String::with_capacity(18);
+                for (i, octet) in octets.iter().enumerate() {
+                    if i > 0 {
+                        out.push('.');
+                    }
+                    out.push_str(digits.format(*octet));
+                }
+                out.push('/');
+                out.push_str(digits.format(prefix));
+                out
+            }
             IpAddr::V6(v6) => Ipv6Net::new(v6, self.ipv6_prefix.min(128))
                 .map(|n| IpNet::V6(n.trunc()))
-                .unwrap_or_else(|_| IpNet::from(ip)),
-        };
-        net.to_string()
+                .unwrap_or_else(|_| IpNet::from(ip))
+                .to_string(),
+        }
     }
 }
 
@@ -504,5 +519,34 @@ impl RulesHandle {
             rules: Arc::new(rules),
             loaded_at_ms: self.clock.now_ms(),
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ipnet::Ipv4Net;
+
+    /// The IPv4 network written digit by digit is `ipnet`'s text, for every prefix.
+    #[test]
+    fn an_ipv4_network_is_ipnets_text() {
+        let addresses = ["203.0.113.9", "0.0.0.0", "255.255.255.255", "10.1.2.3", "1.0.0.1"];
+        for text in addresses {
+            let ip: std::net::Ipv4Addr = text.parse().expect("an address");
+            for prefix in 0..=32u8 {
+                let net = Network {
+                    ipv4_prefix: prefix,
+                    ipv6_prefix: 64,
+                };
+                let expected = Ipv4Net::new(ip, prefix).expect("a prefix").trunc().to_string();
+                assert_eq!(net.of(IpAddr::V4(ip)), expected, "{text}/{prefix}");
+            }
+        }
+        // A prefix past 32 (refused by the rules compiler) stays the address itself.
+        let wide = Network {
+            ipv4_prefix: 40,
+            ipv6_prefix: 64,
+        };
+        assert_eq!(wide.of("10.1.2.3".parse().expect("ip")), "10.1.2.3/32");
     }
 }
