@@ -530,7 +530,13 @@ mod tests {
     /// The IPv4 network written digit by digit is `ipnet`'s text, for every prefix.
     #[test]
     fn an_ipv4_network_is_ipnets_text() {
-        let addresses = ["203.0.113.9", "0.0.0.0", "255.255.255.255", "10.1.2.3", "1.0.0.1"];
+        let addresses = [
+            "203.0.113.9",
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.1.2.3",
+            "1.0.0.1",
+        ];
         for text in addresses {
             let ip: std::net::Ipv4Addr = text.parse().expect("an address");
             for prefix in 0..=32u8 {
@@ -538,7 +544,10 @@ mod tests {
                     ipv4_prefix: prefix,
                     ipv6_prefix: 64,
                 };
-                let expected = Ipv4Net::new(ip, prefix).expect("a prefix").trunc().to_string();
+                let expected = Ipv4Net::new(ip, prefix)
+                    .expect("a prefix")
+                    .trunc()
+                    .to_string();
                 assert_eq!(net.of(IpAddr::V4(ip)), expected, "{text}/{prefix}");
             }
         }

@@ -2,12 +2,30 @@
 
 use super::window::{Bucket, Fixed, Sliding};
 
-/// How refund undoes a request in one key (the record's `"z" | "f:<start>" | "t"`).
+/// How refund undoes a request in a fixed window or a bucket (the Redis record's
+/// `"f:<start>" | "t"`). A sliding window needs no note: refund removes the request id,
+/// which only this request added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tag {
-    Sliding,
     Fixed { start: u64 },
     Bucket,
+}
+
+/// A key as a record names it: 8 bytes instead of the key's text (a record outlives the
+/// check by the record horizon, and most of a check's memory was its record). Refund
+/// recomputes the candidate keys and matches them by this hash. FNV-1a, a fixed algorithm:
+/// journaled records must match after a restart and an upgrade. Two of one refund's
+/// candidate keys colliding in 64 bits is not a practical concern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyHash(pub u64);
+
+impl KeyHash {
+    pub fn of(key: &str) -> KeyHash {
+        use std::hash::Hasher as _;
+        let mut h = fnv::FnvHasher::default();
+        h.write(key.as_bytes());
+        KeyHash(h.finish())
+    }
 }
 
 /// One key's state. Every entry expires: an expired entry is absent (as in Redis), and
@@ -28,9 +46,10 @@ pub enum Entry {
         state: Bucket,
         expires_at: u64,
     },
-    /// A counted request: where it counted, for refunds; its presence dedupes its id.
+    /// A counted request: the fixed windows and buckets it counted in, for refunds; its
+    /// presence dedupes its id.
     Record {
-        keys: Vec<(String, Tag)>,
+        keys: Vec<(KeyHash, Tag)>,
         expires_at: u64,
     },
     /// An idempotency key: the request id that was counted.

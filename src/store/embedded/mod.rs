@@ -50,7 +50,7 @@ use async_trait::async_trait;
 use super::{CheckOp, CheckOutcome, LimitOp, LimitState, RefundOp, StoreError, WindowStore};
 use crate::clock::Clock;
 use crate::rules::Algorithm;
-use entry::{Entry, Tag};
+use entry::{Entry, KeyHash, Tag};
 use journal::Journal;
 use ops::Op;
 use window::{Bucket, Fixed, LimitEval, Sliding};
@@ -537,16 +537,26 @@ impl EmbeddedStore {
         };
         let mut remaining = counted.clone();
         let mut writes = Vec::new();
+        let mut undone = 0;
         for key in &op.keys {
-            let Some(pos) = remaining.iter().position(|(k, _)| k == key) else {
+            let hash = KeyHash::of(key);
+            let Some(pos) = remaining.iter().position(|(k, _)| *k == hash) else {
+                // Not named: a sliding window holds the request id if it counted there
+                // (only this request added it), as refund.lua's ZREM.
+                if let Some(Entry::Sliding { set, .. }) = locked.live(key, now) {
+                    if set.members.iter().any(|(_, m)| **m == *op.request_id) {
+                        writes.push(Op::RemoveMember {
+                            key: key.clone(),
+                            member: op.request_id.clone(),
+                        });
+                        undone += 1;
+                    }
+                }
                 continue;
             };
             let (_, tag) = remaining.remove(pos);
+            undone += 1;
             match (tag, locked.live(key, now).cloned()) {
-                (Tag::Sliding, Some(Entry::Sliding { .. })) => writes.push(Op::RemoveMember {
-                    key: key.clone(),
-                    member: op.request_id.clone(),
-                }),
                 // A window that has rolled over already forgot the request.
                 (
                     Tag::Fixed { start },
@@ -577,17 +587,19 @@ impl EmbeddedStore {
                 _ => {}
             }
         }
-        if remaining.len() == counted.len() {
+        if undone == 0 {
             return Ok(false);
         }
         // Undone keys leave the record; the record stays (its id is still a duplicate).
-        writes.push(Op::Put {
-            key: op.record_key.clone(),
-            entry: Entry::Record {
-                keys: remaining,
-                expires_at,
-            },
-        });
+        if remaining.len() != counted.len() {
+            writes.push(Op::Put {
+                key: op.record_key.clone(),
+                entry: Entry::Record {
+                    keys: remaining,
+                    expires_at,
+                },
+            });
+        }
         locked.commit(now, writes)?;
         Ok(true)
     }
@@ -649,11 +661,13 @@ fn evaluate(locked: &mut Locked<'_>, l: &LimitOp, now: u64, dry_run: bool) -> Li
 /// ZSET) is written once, kept for the longest retain.
 fn plan(locked: &mut Locked<'_>, op: &CheckOp, now: u64, evals: &[LimitEval]) -> Vec<Op> {
     let mut writes = Vec::with_capacity(op.limits.len() + 2);
-    let mut counted: Vec<(String, Tag)> = Vec::with_capacity(op.limits.len());
+    let mut written: Vec<&str> = Vec::with_capacity(op.limits.len());
+    let mut counted: Vec<(KeyHash, Tag)> = Vec::new();
     for (l, e) in op.limits.iter().zip(evals) {
-        if counted.iter().any(|(k, _)| *k == l.key) {
+        if written.contains(&l.key.as_str()) {
             continue;
         }
+        written.push(&l.key);
         let window = l.window_ms.max(1);
         let key = l.key.clone();
         match l.algorithm {
@@ -671,7 +685,6 @@ fn plan(locked: &mut Locked<'_>, op: &CheckOp, now: u64, evals: &[LimitEval]) ->
                     member: op.request_id.clone(),
                     retain,
                 });
-                counted.push((key, Tag::Sliding));
             }
             Algorithm::FixedWindow => {
                 let state = Fixed {
@@ -682,7 +695,7 @@ fn plan(locked: &mut Locked<'_>, op: &CheckOp, now: u64, evals: &[LimitEval]) ->
                     expires_at: state.expires_at(window),
                     state,
                 };
-                counted.push((key.clone(), Tag::Fixed { start: state.start }));
+                counted.push((KeyHash::of(&key), Tag::Fixed { start: state.start }));
                 writes.push(Op::Put { key, entry });
             }
             Algorithm::TokenBucket => {
@@ -692,7 +705,7 @@ fn plan(locked: &mut Locked<'_>, op: &CheckOp, now: u64, evals: &[LimitEval]) ->
                 };
                 let tokens = Bucket::level(stored.as_ref(), now, window, l.max);
                 let (state, expires_at) = Bucket::spend(tokens, now, window, l.max);
-                counted.push((key.clone(), Tag::Bucket));
+                counted.push((KeyHash::of(&key), Tag::Bucket));
                 writes.push(Op::Put {
                     key,
                     entry: Entry::Bucket { state, expires_at },

@@ -6,7 +6,7 @@
 //! the key (u32 length + bytes), and the tag's payload. Strings are length-prefixed, so no
 //! byte in a key or id can be mistaken for structure.
 
-use super::entry::{Entry, Tag};
+use super::entry::{Entry, KeyHash, Tag};
 use super::window::{Bucket, Fixed, Sliding};
 use crate::store::EXPIRY_MARGIN_MS;
 
@@ -161,15 +161,15 @@ fn encode_entry(out: &mut Vec<u8>, key: &str, entry: &Entry) {
             put_u64(out, state.cap);
             put_u64(out, *expires_at);
         }
+        // `R`: keys as their hashes. (`r`, written before 2026-12, named them in full.)
         Entry::Record { keys, expires_at } => {
-            out.push(b'r');
+            out.push(b'R');
             put_str(out, key);
             put_u64(out, *expires_at);
             out.extend_from_slice(&(keys.len() as u32).to_be_bytes());
             for (k, tag) in keys {
-                put_str(out, k);
+                put_u64(out, k.0);
                 match tag {
-                    Tag::Sliding => out.push(b'z'),
                     Tag::Bucket => out.push(b't'),
                     Tag::Fixed { start } => {
                         out.push(b'f');
@@ -264,14 +264,19 @@ pub fn decode(bytes: &[u8]) -> Option<(u64, Vec<Op>)> {
                     expires_at: r.u64()?,
                 },
             },
-            b'r' => {
+            kind @ (b'r' | b'R') => {
                 let expires_at = r.u64()?;
                 let n = r.u32()? as usize;
                 let mut keys = Vec::with_capacity(n.min(64));
                 for _ in 0..n {
-                    let k = r.str()?;
+                    let k = if kind == b'R' {
+                        KeyHash(r.u64()?)
+                    } else {
+                        KeyHash::of(&r.str()?)
+                    };
                     let tag = match r.u8()? {
-                        b'z' => Tag::Sliding,
+                        // A sliding window is refunded by its member; the note is not kept.
+                        b'z' => continue,
                         b't' => Tag::Bucket,
                         b'f' => Tag::Fixed { start: r.u64()? },
                         _ => return None,
@@ -342,9 +347,8 @@ mod tests {
                 key: "rec".into(),
                 entry: Entry::Record {
                     keys: vec![
-                        ("a".into(), Tag::Sliding),
-                        ("f".into(), Tag::Fixed { start: 60 }),
-                        ("t".into(), Tag::Bucket),
+                        (KeyHash::of("f"), Tag::Fixed { start: 60 }),
+                        (KeyHash(u64::MAX), Tag::Bucket),
                     ],
                     expires_at: 5000,
                 },
@@ -364,6 +368,48 @@ mod tests {
             None,
             "a torn record is refused"
         );
+    }
+
+    /// A journal written before records named keys by hash still replays: each named
+    /// fixed window or bucket becomes its hash, and the sliding notes (refunded by the
+    /// member now) are dropped.
+    #[test]
+    fn a_record_naming_keys_in_full_reads_as_their_hashes() {
+        let mut old = Vec::new();
+        put_u64(&mut old, 42);
+        old.push(b'r');
+        put_str(&mut old, "lt:s:req:r1");
+        put_u64(&mut old, 5000);
+        old.extend_from_slice(&3u32.to_be_bytes());
+        put_str(&mut old, "lt:s:uid:u");
+        old.push(b'z');
+        put_str(&mut old, "lt:s:fw:ip_1m:ip:192.0.2.1");
+        old.push(b'f');
+        put_u64(&mut old, 60_000);
+        put_str(&mut old, "lt:s:tb:act_b:act:a");
+        old.push(b't');
+        assert_eq!(
+            decode(&old),
+            Some((
+                42,
+                vec![Op::Put {
+                    key: "lt:s:req:r1".into(),
+                    entry: Entry::Record {
+                        keys: vec![
+                            (
+                                KeyHash::of("lt:s:fw:ip_1m:ip:192.0.2.1"),
+                                Tag::Fixed { start: 60_000 }
+                            ),
+                            (KeyHash::of("lt:s:tb:act_b:act:a"), Tag::Bucket),
+                        ],
+                        expires_at: 5000,
+                    },
+                }]
+            ))
+        );
+        // FNV-1a 64 (its published test vector): the hash must never change, or journaled
+        // records would stop matching their keys.
+        assert_eq!(KeyHash::of("a"), KeyHash(0xaf63dc4c8601ec8c));
     }
 
     #[test]
