@@ -8,8 +8,9 @@ trust, no score, no signals): what decide.lua would do for such a check, without
 machinery for the rest (~15 % of Redis's CPU per check).
 Both send it only checks with more than 16 limits: below that they run the script
 src/store/limits_script.rs makes from this one for the check's shape of limits (same
-KEYS, same reply, its limit parameters written into the text), ~30 % cheaper again;
-tests/it/limits_script.rs holds the two to the same answers and the same keys.
+KEYS, the same reply in one string, its limit parameters written into the text), ~30 %
+cheaper again; tests/it/limits_script.rs holds the two to the same answers and the same
+keys.
 
 KEYS[1]    request record key (<prefix>:<scene>:req:<request_id>); holds, for refund.lua,
            what this request added where

@@ -306,11 +306,14 @@ pub(crate) fn map_redis_error(e: RedisError, timeout_ms: u64) -> StoreError {
     }
 }
 
-/// Turns check.lua's flat reply into a [`CheckOutcome`]; see the script header.
-pub(crate) fn parse_check_reply(reply: Value, n_limits: usize) -> Result<CheckOutcome, StoreError> {
+/// Turns a check script's reply into a [`CheckOutcome`]: check.lua's flat array (see the
+/// script header) or a shaped script's one string (`store::limits_script`).
+pub fn parse_check_reply(reply: Value, n_limits: usize) -> Result<CheckOutcome, StoreError> {
     let bad = |why: &str| StoreError::Protocol(format!("check.lua reply: {why}"));
-    let Value::Array(items) = reply else {
-        return Err(bad(&format!("expected an array, got {reply:?}")));
+    let items = match reply {
+        Value::Array(items) => items,
+        Value::BulkString(text) => return parse_compact_reply(&text, n_limits),
+        other => return Err(bad(&format!("expected an array, got {other:?}"))),
     };
     let mut it = items.into_iter();
     let kind = it.next().map(as_text).transpose()?.unwrap_or_default();
@@ -348,6 +351,52 @@ pub(crate) fn parse_check_reply(reply: Value, n_limits: usize) -> Result<CheckOu
         .collect::<Result<Vec<_>, StoreError>>()?;
 
     match kind.as_str() {
+        "allow" => Ok(CheckOutcome::Allowed { limits }),
+        "deny" => Ok(CheckOutcome::Denied { limits }),
+        other => Err(bad(&format!("unknown decision {other:?}"))),
+    }
+}
+
+/// A shaped script's reply: `allow|c|x|r|…`, `deny|…` or `dup|<request id>`.
+fn parse_compact_reply(text: &[u8], n_limits: usize) -> Result<CheckOutcome, StoreError> {
+    let bad = |why: &str| StoreError::Protocol(format!("check script reply: {why}"));
+    let text = std::str::from_utf8(text).map_err(|_| bad("non-UTF-8 text"))?;
+    let (kind, rest) = match text.split_once('|') {
+        Some((kind, rest)) => (kind, Some(rest)),
+        None => (text, None),
+    };
+    if kind == "dup" {
+        return match rest {
+            Some(id) if !id.is_empty() => Ok(CheckOutcome::Duplicate { of: id.into() }),
+            _ => Err(bad("duplicate without the counted request id")),
+        };
+    }
+    let number = |v: &str| {
+        v.parse::<u64>()
+            .map_err(|_| bad(&format!("{v:?} in {text:?} is not a count")))
+    };
+    // No fields at all only for a check without limits.
+    let mut values = rest.into_iter().flat_map(|r| r.split('|'));
+    let mut limits = Vec::with_capacity(n_limits);
+    while let Some(count) = values.next() {
+        let (Some(exceeded), Some(retry)) = (values.next(), values.next()) else {
+            return Err(bad(&format!(
+                "{text:?} does not hold three values per limit"
+            )));
+        };
+        limits.push(LimitState {
+            count: number(count)?,
+            exceeded: number(exceeded)? != 0,
+            retry_after_ms: number(retry)?,
+        });
+    }
+    if limits.len() != n_limits {
+        return Err(bad(&format!(
+            "{} limit states for {n_limits} limits",
+            limits.len()
+        )));
+    }
+    match kind {
         "allow" => Ok(CheckOutcome::Allowed { limits }),
         "deny" => Ok(CheckOutcome::Denied { limits }),
         other => Err(bad(&format!("unknown decision {other:?}"))),
@@ -425,5 +474,56 @@ mod tests {
             parse_check_reply(odd, 0),
             Err(StoreError::Protocol(_))
         ));
+        for (text, n) in [
+            ("deny|2|1", 1),
+            ("deny|2|1|0|3", 1),
+            ("allow|1|0|0", 2),
+            ("allow|-1|0|0", 1),
+            ("allow|1.5|0|0", 1),
+            ("allow|", 0),
+            ("maybe", 0),
+            ("dup|", 0),
+            ("dup", 0),
+        ] {
+            assert!(
+                matches!(
+                    parse_check_reply(bulk(text), n),
+                    Err(StoreError::Protocol(_))
+                ),
+                "{text}"
+            );
+        }
+    }
+
+    /// A shaped script's one-string reply reads as check.lua's array does.
+    #[test]
+    fn parses_the_compact_reply() {
+        let state = |count, exceeded, retry_after_ms| LimitState {
+            count,
+            exceeded,
+            retry_after_ms,
+        };
+        assert_eq!(
+            parse_check_reply(bulk("allow|2|0|0|7|0|0"), 2).unwrap(),
+            CheckOutcome::Allowed {
+                limits: vec![state(2, false, 0), state(7, false, 0)]
+            }
+        );
+        assert_eq!(
+            parse_check_reply(bulk("deny|3|1|86399000"), 1).unwrap(),
+            CheckOutcome::Denied {
+                limits: vec![state(3, true, 86_399_000)]
+            }
+        );
+        assert_eq!(
+            parse_check_reply(bulk("allow"), 0).unwrap(),
+            CheckOutcome::Allowed { limits: vec![] }
+        );
+        assert_eq!(
+            parse_check_reply(bulk("dup|01J-x_1"), 3).unwrap(),
+            CheckOutcome::Duplicate {
+                of: "01J-x_1".into()
+            }
+        );
     }
 }
