@@ -109,8 +109,9 @@ async fn run_check(worker: &Worker, body: &Check) -> redis::RedisResult<bool> {
         inv.arg(max);
     }
     let mut conn = worker.conn().await?;
-    let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
-    Ok(matches!(reply.first(), Some(Value::BulkString(kind)) if kind == b"allow"))
+    // The shaped script's reply is one string: `allow|…`, `deny|…` or `dup|…`.
+    let reply: Value = inv.invoke_async(&mut conn).await?;
+    Ok(matches!(reply, Value::BulkString(text) if text.starts_with(b"allow")))
 }
 
 #[actix_web::main]
