@@ -33,7 +33,6 @@ mod journal;
 mod ops;
 pub mod window;
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 
 /// The hasher of shard choice and shard maps: keys carry ids callers send, so it is
@@ -68,7 +67,7 @@ pub const COMPACT_AFTER_RECORDS: u64 = 100_000;
 /// Snapshot ops per snapshot record.
 const SNAPSHOT_CHUNK: usize = 1024;
 
-type Shard = HashMap<String, Entry, RandomState>;
+type Shard = hashbrown::HashMap<String, Entry, RandomState>;
 
 /// Sizes, for tests and operators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,11 +189,16 @@ impl Locked<'_> {
 
     /// The live entry under `key`; an expired one is dropped (replay drops it too).
     fn live(&mut self, key: &str, now: u64) -> Option<&mut Entry> {
-        let shard = self.shard(key);
-        if shard.get(key).is_some_and(|e| !e.is_live(now)) {
-            shard.remove(key);
+        use hashbrown::hash_map::EntryRef;
+        // One lookup (a check reads each of its keys here; the map is mostly cache misses).
+        match self.shard(key).entry_ref(key) {
+            EntryRef::Occupied(e) if e.get().is_live(now) => Some(e.into_mut()),
+            EntryRef::Occupied(e) => {
+                e.remove();
+                None
+            }
+            EntryRef::Vacant(_) => None,
         }
-        shard.get_mut(key)
     }
 
     /// Journals `ops` in one record, then applies them to memory.
@@ -234,7 +238,7 @@ impl EmbeddedStore {
         // Each map its own seed: keys of one shard share their shard hash's low bits,
         // which must not also be their bucket bits inside it.
         let hasher = RandomState::default();
-        let mut shards: Vec<Shard> = (0..SHARDS).map(|_| HashMap::default()).collect();
+        let mut shards: Vec<Shard> = (0..SHARDS).map(|_| Shard::default()).collect();
         let shard_of = |key: &str| (hasher.hash_one(key) % SHARDS as u64) as usize;
         let mut damaged = 0;
         for record in &recovered.records {
@@ -276,9 +280,7 @@ impl EmbeddedStore {
     /// survives the process. For state that is thrown away anyway (`vigia simulate`).
     pub fn in_memory(clock: Arc<dyn Clock>) -> Arc<EmbeddedStore> {
         Arc::new(EmbeddedStore {
-            shards: (0..SHARDS)
-                .map(|_| Mutex::new(HashMap::default()))
-                .collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: RandomState::default(),
             durable: None,
             clock,

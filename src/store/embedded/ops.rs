@@ -36,7 +36,7 @@ impl Op {
 
 /// Applies one op to the map holding its key, as of `now`.
 pub fn apply<S: std::hash::BuildHasher>(
-    map: &mut std::collections::HashMap<String, Entry, S>,
+    map: &mut hashbrown::HashMap<String, Entry, S>,
     now: u64,
     op: Op,
 ) {
@@ -414,7 +414,7 @@ mod tests {
 
     #[test]
     fn replay_rebuilds_what_apply_built() {
-        let mut live = std::collections::HashMap::new();
+        let mut live = hashbrown::HashMap::new();
         apply(
             &mut live,
             100,
@@ -427,7 +427,7 @@ mod tests {
         );
         let mut snapshot = Vec::new();
         recreate("k", &live["k"], &mut snapshot);
-        let mut rebuilt = std::collections::HashMap::new();
+        let mut rebuilt = hashbrown::HashMap::new();
         for op in snapshot {
             apply(&mut rebuilt, 100, op);
         }
