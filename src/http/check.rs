@@ -331,13 +331,16 @@ fn item(name: &str, a: &str, x: u64, b: &str, y: u64) -> Option<HeaderValue> {
     HeaderValue::from_bytes(&v).ok()
 }
 
-/// Room for a check's answer with a few limits, so serialising it does not regrow the
-/// buffer (actix's `json` starts from an empty String).
-const ANSWER_CAPACITY: usize = 512;
+/// Room for an answer, so serialising it does not regrow the buffer (actix's `json` starts
+/// from an empty String): the fixed fields (with the 64-digit rules version), then about
+/// what each limit and signal takes (the bench scene's four limits answer in 818 bytes).
+fn answer_capacity(resp: &CheckResponse) -> usize {
+    320 + 160 * resp.limits.len() + 112 * resp.signals.len()
+}
 
 /// `HttpResponseBuilder::json`, written once into a buffer sized for an answer.
 fn json(mut http: actix_web::HttpResponseBuilder, resp: &CheckResponse) -> HttpResponse {
-    let mut body = Vec::with_capacity(ANSWER_CAPACITY);
+    let mut body = Vec::with_capacity(answer_capacity(resp));
     match serde_json::to_writer(&mut body, resp) {
         Ok(()) => http
             .content_type(actix_web::http::header::ContentType::json())
@@ -393,6 +396,41 @@ mod tests {
         let mut names: Vec<String> = headers.keys().map(|k| k.as_str().to_string()).collect();
         names.sort();
         names
+    }
+
+    /// The bench scene's answer (four limits, a 64-digit rules version, a service-made id)
+    /// fits the buffer it is written into.
+    #[test]
+    fn an_answer_fits_its_buffer() {
+        let mut resp = CheckResponse::allow("bench", "01M9596E7R46HWFPEQAYEMVJSN", &"8".repeat(64));
+        for (name, key, max, window_ms) in [
+            ("user_10s", "lt:bench:uid:u100000", 3, 10_000),
+            ("device_1d", "lt:bench:did:dev00100000", 10, 86_400_000),
+            ("ip_60s", "lt:bench:fw:ip_60s:ip:10.39.249.250", 100, 60_000),
+            (
+                "activity_60s",
+                "lt:bench:fw:activity_60s:aid:a1",
+                100_000_000,
+                60_000,
+            ),
+        ] {
+            resp.limits.push(crate::check::decision::LimitReport {
+                name: name.into(),
+                key: key.into(),
+                count: 1,
+                max,
+                remaining: max - 1,
+                window_ms,
+                exceeded: false,
+            });
+        }
+        let body = serde_json::to_vec(&resp).unwrap();
+        assert!(
+            body.len() <= answer_capacity(&resp),
+            "{} bytes, room for {}",
+            body.len(),
+            answer_capacity(&resp)
+        );
     }
 
     #[test]
