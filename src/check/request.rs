@@ -124,32 +124,10 @@ mod tests {
     use super::*;
 
     fn rules() -> RuleSet {
-        let toml = r#"
-[attributes]
-phone_range = { pattern = "^[0-9]{3,6}$" }
-
-[validation]
-device_id = { pattern = "^[A-Za-z0-9_-]{8,64}$" }
-
-[scene.s]
-on_store_error = "fail_close"
-required = ["user", "ip"]
-
-[[scene.s.limits]]
-name = "user_10s"
-dimensions = ["user"]
-algorithm = "sliding_window"
-window = "10s"
-max = 1
-
-[[scene.s.limits]]
-name = "ip_1h"
-dimensions = ["ip"]
-algorithm = "fixed_window"
-window = "1h"
-max = 5
-"#;
-        crate::rules::compile_files(&[("r.toml".into(), toml.into())]).expect("rules compile")
+        // A file of its own: fixtures live in files.
+        let toml = include_str!("../../tests/fixtures/request/rules.toml");
+        crate::rules::compile_files(&[("request/rules.toml".into(), toml.into())])
+            .expect("rules compile")
     }
 
     /// What a parse gives, comparable: the request's fields or the error.

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use redis::{Cmd, Script};
 
-use super::redis::{repeats, CheckCall, CheckLimit};
+use super::redis::{CheckCall, CheckLimit};
 use super::EXPIRY_MARGIN_MS;
 use crate::rules::Algorithm;
 
@@ -134,22 +134,7 @@ pub fn command<'l>(
     sha: &str,
     limits: impl ExactSizeIterator<Item = CheckLimit<'l>> + Clone,
 ) -> Cmd {
-    let n_keys = 2 + limits.len();
-    let mut cmd = Cmd::with_capacity(3 + n_keys + 5 + limits.len(), 64 * (n_keys + 5));
-    cmd.arg("EVALSHA").arg(sha).arg(n_keys);
-    cmd.arg(call.record_key)
-        .arg(call.idempotency_key.unwrap_or(call.record_key));
-    for (key, ..) in limits.clone() {
-        cmd.arg(key);
-    }
-    cmd.arg(call.request_id)
-        .arg(if call.dry_run { "1" } else { "0" })
-        .arg(repeats(call.id_given, call.idempotency_key.is_some()))
-        .arg(call.record_ttl_ms.max(1));
-    match call.now {
-        Some(now) => cmd.arg(now),
-        None => cmd.arg(""),
-    };
+    let mut cmd = call.head(sha, limits.clone(), 1);
     for (_, _, _, max, _) in limits {
         cmd.arg(max);
     }

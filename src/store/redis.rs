@@ -52,20 +52,24 @@ pub struct CheckCall<'a> {
 pub type CheckLimit<'a> = (&'a str, Algorithm, u64, u64, u64);
 
 impl CheckCall<'_> {
-    /// The EVALSHA of `sha` (check.lua), packed into one command.
-    pub fn command<'l>(
+    /// What check.lua and the scripts made per shape (`store::limits_script`) share: the
+    /// EVALSHA of `sha` with every key and the five fixed arguments, with room for
+    /// `per_limit` arguments per limit after them.
+    pub fn head<'l>(
         &self,
         sha: &str,
-        limits: impl ExactSizeIterator<Item = CheckLimit<'l>> + Clone,
+        limits: impl ExactSizeIterator<Item = CheckLimit<'l>>,
+        per_limit: usize,
     ) -> Cmd {
         let n_keys = 2 + limits.len();
-        let mut cmd = Cmd::with_capacity(3 + n_keys + 5 + 4 * limits.len(), 64 * (n_keys + 5));
+        let mut cmd =
+            Cmd::with_capacity(3 + n_keys + 5 + per_limit * limits.len(), 64 * (n_keys + 5));
         cmd.arg("EVALSHA").arg(sha).arg(n_keys);
         // KEYS stay positional: without an idempotency key the record key stands in, and
         // ARGV[3] tells the script to ignore it.
         cmd.arg(self.record_key)
             .arg(self.idempotency_key.unwrap_or(self.record_key));
-        for (key, ..) in limits.clone() {
+        for (key, ..) in limits {
             cmd.arg(key);
         }
         cmd.arg(self.request_id)
@@ -76,6 +80,16 @@ impl CheckCall<'_> {
             Some(now) => cmd.arg(now),
             None => cmd.arg(""),
         };
+        cmd
+    }
+
+    /// The EVALSHA of `sha` (check.lua), packed into one command.
+    pub fn command<'l>(
+        &self,
+        sha: &str,
+        limits: impl ExactSizeIterator<Item = CheckLimit<'l>> + Clone,
+    ) -> Cmd {
+        let mut cmd = self.head(sha, limits.clone(), 4);
         for (_, algorithm, window_ms, max, retain_ms) in limits {
             // A zero window would divide by zero in the script; the rule compiler rejects
             // it, this only keeps a bad op from turning into a script error.
