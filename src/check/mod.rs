@@ -17,6 +17,7 @@ pub mod plan;
 pub mod quota;
 pub mod request;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -220,11 +221,45 @@ fn without_store(scene: &Scene) -> Decision {
     }
 }
 
-fn dimension_label(limit: &Limit) -> String {
-    limit
-        .dimensions
-        .iter()
-        .map(|d| d.name())
-        .collect::<Vec<_>>()
-        .join("+")
+fn dimension_label(limit: &Limit) -> Cow<'static, str> {
+    match limit.dimensions.as_slice() {
+        // The common case, under attack on every deny: no allocation.
+        [one] => one.name(),
+        many => many
+            .iter()
+            .map(|d| d.name())
+            .collect::<Vec<_>>()
+            .join("+")
+            .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{Algorithm, Dimension, Layer};
+
+    /// The `dimension` label of `vigia_blocks_total`: the limit's dimensions joined by `+`.
+    #[test]
+    fn a_block_is_labelled_with_the_limits_dimensions() {
+        let limit = |dimensions: Vec<Dimension>| Limit {
+            name: "l".into(),
+            dimensions,
+            algorithm: Algorithm::SlidingWindow,
+            window_ms: 1000,
+            max: 1,
+            layer: Layer::Business,
+            trust_bonus: false,
+            filter: None,
+        };
+        assert_eq!(dimension_label(&limit(vec![Dimension::User])), "user");
+        assert_eq!(
+            dimension_label(&limit(vec![
+                Dimension::User,
+                Dimension::Device,
+                Dimension::Attr("tier".into())
+            ])),
+            "user+device+attr.tier"
+        );
+    }
 }
