@@ -26,6 +26,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use redis::{Cmd, Script};
+use smallvec::SmallVec;
 
 use super::redis::{CheckCall, CheckLimit};
 use super::EXPIRY_MARGIN_MS;
@@ -51,7 +52,11 @@ pub struct ShapeLimit {
 
 /// What a generated script is made for (see the module header).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Shape(pub Vec<ShapeLimit>);
+pub struct Shape(pub SmallVec<[ShapeLimit; INLINE_LIMITS]>);
+
+/// Limits a shape holds without a heap allocation: a shape is made for every check, to
+/// find its script.
+const INLINE_LIMITS: usize = 8;
 
 impl Shape {
     /// The shape of `limits`, as [`CheckCall::command`] would send them; `None` with more
@@ -60,7 +65,7 @@ impl Shape {
         if limits.len() > MAX_LIMITS {
             return None;
         }
-        let keys: Vec<&str> = limits.clone().map(|(key, ..)| key).collect();
+        let keys: SmallVec<[&str; MAX_LIMITS]> = limits.clone().map(|(key, ..)| key).collect();
         let shape = limits
             .enumerate()
             .map(|(i, (key, algorithm, window_ms, _, retain_ms))| {
