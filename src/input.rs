@@ -83,11 +83,13 @@ pub enum Field<'a> {
 pub trait Fields: std::fmt::Debug {
     /// The field `name`; `None` when absent.
     fn field(&self, name: &str) -> Option<Field<'_>>;
-    /// The first field name (in sorted order, as a `serde_json::Map` iterates) not among
-    /// `known`.
-    fn first_unknown(&self, known: &[&str]) -> Option<&str>;
     /// Every field name, in sorted order.
     fn names(&self) -> Box<dyn Iterator<Item = &str> + '_>;
+    /// The first field name (in sorted order, as a `serde_json::Map` iterates) not among
+    /// `known`.
+    fn first_unknown(&self, known: &[&str]) -> Option<&str> {
+        self.names().find(|k| !known.contains(k))
+    }
 }
 
 impl<'a> From<&'a Value> for Field<'a> {
@@ -106,10 +108,6 @@ impl<'a> From<&'a Value> for Field<'a> {
 impl Fields for Map<String, Value> {
     fn field(&self, name: &str) -> Option<Field<'_>> {
         self.get(name).map(Field::from)
-    }
-
-    fn first_unknown(&self, known: &[&str]) -> Option<&str> {
-        self.keys().map(String::as_str).find(|k| !known.contains(k))
     }
 
     fn names(&self) -> Box<dyn Iterator<Item = &str> + '_> {

@@ -57,10 +57,6 @@ impl Fields for BTreeMap<String, Raw> {
         self.get(name).map(Raw::field)
     }
 
-    fn first_unknown(&self, known: &[&str]) -> Option<&str> {
-        self.keys().map(String::as_str).find(|k| !known.contains(k))
-    }
-
     fn names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
         Box::new(self.keys().map(String::as_str))
     }

@@ -22,9 +22,7 @@ use crate::rules::Filter;
 use crate::signal::member_of;
 use crate::signal::MAX_CAP;
 use crate::store::limits_script::LimitScripts;
-use crate::store::redis::{
-    algo_code, parse_check_reply, repeats, CheckCall, CHECK_LUA, STARTUP_MIN_MS,
-};
+use crate::store::redis::{algo_code, parse_check_reply, repeats, CheckCall, STARTUP_MIN_MS};
 use crate::store::redis_link::RedisLink;
 use crate::store::{CheckOutcome, LimitState, StoreError};
 
@@ -52,10 +50,8 @@ pub struct RedisDecider {
     /// Shared with the window store and the trust ledger.
     link: Arc<RedisLink>,
     script: Script,
-    /// `lua/check.lua`, for a check with limits only (see [`limits_only`]) whose limits
-    /// are too many for a script of their shape.
-    limits_script: Arc<Script>,
-    /// Scripts made for each shape of limits, for the other checks with limits only.
+    /// The scripts for a check with limits only (see [`limits_only`]): made for its shape of
+    /// limits, or check.lua.
     shaped: LimitScripts,
     /// `Some` (and not the wall clock) replaces Redis `TIME` with this clock.
     clock: Option<Arc<dyn Clock>>,
@@ -86,14 +82,13 @@ impl RedisDecider {
         let timeout_ms = link.timeout_ms();
         let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
         let script = Script::new(DECIDE_LUA);
-        let limits_script = Arc::new(Script::new(CHECK_LUA));
-        link.load_scripts(&[&script, &limits_script], startup_ms)
+        let shaped = LimitScripts::default();
+        link.load_scripts(&[&script, shaped.check_lua()], startup_ms)
             .await?;
         Ok(RedisDecider {
             link,
             script,
-            limits_script,
-            shaped: LimitScripts::default(),
+            shaped,
             clock,
         })
     }
@@ -115,8 +110,7 @@ impl RedisDecider {
 impl Decider for RedisDecider {
     async fn decide(&self, plan: &CheckPlan) -> Result<Decided, StoreError> {
         if limits_only(plan) {
-            let (script, cmd, sent) =
-                limits_invocation(&self.shaped, &self.limits_script, plan, self.now_arg());
+            let (script, cmd, sent) = limits_invocation(&self.shaped, plan, self.now_arg());
             let reply = self.link.eval(&script, &cmd).await?;
             return limits_judged(parse_check_reply(reply, sent.len())?, plan, &sent);
         }
@@ -149,7 +143,6 @@ fn applies_without_trust(filter: Option<Filter>) -> bool {
 /// neither read nor written, as in decide.lua).
 fn limits_invocation(
     shaped: &LimitScripts,
-    check_lua: &Arc<Script>,
     plan: &CheckPlan,
     now: Option<u64>,
 ) -> (Arc<Script>, Cmd, Vec<usize>) {
@@ -175,13 +168,8 @@ fn limits_invocation(
             l.retain_ms,
         )
     });
-    match shaped.command(&call, limits.clone()) {
-        Some((script, cmd)) => (script, cmd, sent),
-        None => {
-            let cmd = call.command(check_lua.get_hash(), limits);
-            (check_lua.clone(), cmd, sent)
-        }
-    }
+    let (script, cmd) = shaped.command(&call, limits);
+    (script, cmd, sent)
 }
 
 /// check.lua's answer as decide.lua's would be: no points, ages unknown, no signal, score
@@ -788,8 +776,9 @@ mod tests {
         };
         assert!(limits_only(&p));
         assert!(!limits_only(&plan()));
-        let check_lua = Arc::new(Script::new(CHECK_LUA));
-        let (script, cmd, sent) = limits_invocation(&LimitScripts::default(), &check_lua, &p, None);
+        let scripts = LimitScripts::default();
+        let check_lua = scripts.check_lua();
+        let (script, cmd, sent) = limits_invocation(&scripts, &p, None);
         assert_eq!(sent, [0, 2]);
         // The script made for this shape (two sliding windows of 10 s), sent the maxes only.
         assert_ne!(script.get_hash(), check_lua.get_hash());
@@ -817,7 +806,7 @@ mod tests {
             limits: vec![limit("p:s:uid:u"); crate::store::limits_script::MAX_LIMITS + 1],
             ..p.clone()
         };
-        let (script, cmd, _) = limits_invocation(&LimitScripts::default(), &check_lua, &many, None);
+        let (script, cmd, _) = limits_invocation(&scripts, &many, None);
         assert_eq!(script.get_hash(), check_lua.get_hash());
         assert_eq!(words(&cmd).len(), 3 + 2 + 17 + 5 + 4 * 17);
 

@@ -128,7 +128,7 @@ impl Network {
     pub fn of(&self, ip: IpAddr) -> String {
         match ip {
             // Every check with an address pays for this: written digit by digit, not
-            // through `Display` (`ipnet`'s text, which `of_v6` keeps, is the same).
+            // through `Display` (the same text as `ipnet`'s, which IPv6 still uses).
             IpAddr::V4(v4) => {
                 let prefix = self.ipv4_prefix.min(32);
                 let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);

@@ -22,13 +22,14 @@
 //! `allow|c1|x1|r1|c2|…` or `deny|…` (count, exceeded 0/1, retry ms per limit), or
 //! `dup|<request id>`; `store::redis::parse_check_reply` reads both forms.
 
+use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
 use redis::{Cmd, Script};
 use smallvec::SmallVec;
 
-use super::redis::{CheckCall, CheckLimit};
+use super::redis::{CheckCall, CheckLimit, CHECK_LUA};
 use super::EXPIRY_MARGIN_MS;
 use crate::rules::Algorithm;
 
@@ -88,15 +89,18 @@ impl Shape {
     }
 }
 
-/// Scripts by shape, made on first use and kept (bounded); Redis learns each one on its
-/// first EVALSHA (NOSCRIPT, then a load: `RedisLink::eval`).
+/// The script for a check's limits: the one made for their shape (made on first use and
+/// kept, bounded), or check.lua for a shape too big for one. Redis learns a shape's script
+/// on its first EVALSHA (NOSCRIPT, then a load: `RedisLink::eval`).
 pub struct LimitScripts {
+    check_lua: Arc<Script>,
     cache: quick_cache::sync::Cache<Shape, Arc<Script>>,
 }
 
 impl Default for LimitScripts {
     fn default() -> Self {
         LimitScripts {
+            check_lua: Arc::new(Script::new(CHECK_LUA)),
             cache: quick_cache::sync::Cache::new(CACHE_SHAPES),
         }
     }
@@ -111,24 +115,30 @@ impl std::fmt::Debug for LimitScripts {
 }
 
 impl LimitScripts {
-    /// The script for `limits` and its EVALSHA for `call`, or `None` when the shape is too
-    /// big for one (the caller runs check.lua).
+    /// check.lua, the script for any shape (loaded at start).
+    pub fn check_lua(&self) -> &Script {
+        &self.check_lua
+    }
+
+    /// The script for `limits` and its EVALSHA for `call`.
     pub fn command<'l>(
         &self,
         call: &CheckCall<'_>,
         limits: impl ExactSizeIterator<Item = CheckLimit<'l>> + Clone,
-    ) -> Option<(Arc<Script>, Cmd)> {
-        let shape = Shape::of(limits.clone())?;
-        let script = match self.cache.get(&shape) {
-            Some(script) => script,
-            None => {
-                let script = Arc::new(Script::new(&shape.lua()));
-                self.cache.insert(shape, script.clone());
-                script
-            }
+    ) -> (Arc<Script>, Cmd) {
+        let Some(shape) = Shape::of(limits.clone()) else {
+            let cmd = call.command(self.check_lua.get_hash(), limits);
+            return (self.check_lua.clone(), cmd);
+        };
+        let made: Result<_, Infallible> = self
+            .cache
+            .get_or_insert_with(&shape, || Ok(Arc::new(Script::new(&shape.lua()))));
+        let script = match made {
+            Ok(script) => script,
+            Err(never) => match never {},
         };
         let cmd = command(call, script.get_hash(), limits);
-        Some((script, cmd))
+        (script, cmd)
     }
 }
 
@@ -271,8 +281,8 @@ impl<'s> Lua<'s> {
         }
     }
 
-    /// `{kind, '', n, count, exceeded, retry, ...}` with the counts `c` (before) or `a`.
-    /// One bulk string, not check.lua's array of 3 + 3n values: the client parses one
+    /// `kind|count|exceeded|retry|…` with the counts `c` (before) or `a` (after): one bulk
+    /// string, not check.lua's array of 3 + 3n values: the client parses one
     /// value instead of sixteen (redis-rs's RESP parser was ~9 % of a Redis-mode check's
     /// service CPU), and Redis writes one. `%d` truncates as Redis does a Lua number it
     /// turns into an integer reply.

@@ -126,7 +126,6 @@ pub(crate) const STARTUP_MIN_MS: u64 = 1000;
 pub struct RedisStore {
     /// Shared with the trust ledger: one connection, one breaker.
     link: Arc<RedisLink>,
-    check_script: Script,
     /// Scripts made for each shape of limits (check.lua for a shape too big for one).
     shaped: LimitScripts,
     refund_script: Script,
@@ -164,15 +163,14 @@ impl RedisStore {
         let timeout_ms = timeout_ms.max(1);
         let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
         let link = RedisLink::open(url, timeout_ms, startup_ms, breaker).await?;
-        let check_script = Script::new(CHECK_LUA);
+        let shaped = LimitScripts::default();
         let refund_script = Script::new(REFUND_LUA);
-        link.load_scripts(&[&check_script, &refund_script], startup_ms)
+        link.load_scripts(&[shaped.check_lua(), &refund_script], startup_ms)
             .await?;
 
         Ok(RedisStore {
             link,
-            check_script,
-            shaped: LimitScripts::default(),
+            shaped,
             refund_script,
             clock: None,
         })
@@ -220,13 +218,8 @@ impl WindowStore for RedisStore {
             .limits
             .iter()
             .map(|l| (l.key.as_str(), l.algorithm, l.window_ms, l.max, l.retain_ms));
-        let reply = match self.shaped.command(&call, limits.clone()) {
-            Some((script, cmd)) => self.link.eval(&script, &cmd).await?,
-            None => {
-                let cmd = call.command(self.check_script.get_hash(), limits);
-                self.link.eval(&self.check_script, &cmd).await?
-            }
-        };
+        let (script, cmd) = self.shaped.command(&call, limits);
+        let reply = self.link.eval(&script, &cmd).await?;
         parse_check_reply(reply, op.limits.len())
     }
 
