@@ -35,6 +35,8 @@ fn op(i: u64, shared: bool) -> CheckOp {
     let ip = (h >> 40) % 10_000;
     let mut op = CheckOp {
         record_key: format!("lt:bench:req:r{i}"),
+        // Redis only: the embedded store keeps one record per request id.
+        records_key: String::new(),
         idempotency_key: None,
         request_id: format!("r{i}"),
         record_ttl_ms: 86_400_000,

@@ -54,26 +54,35 @@ sha=$(redis-cli -p "$port" -x SCRIPT LOAD <"$tmp/script.lua")
 # Each script's layout (see its header) for the bench scene: no trust, no score, no
 # signals, no idempotency key. decide.lua before 2026-12 always sent 5 fixed keys (absent ones
 # standing in as the record key) and 22 fixed args, 7 per limit; later ones send only the
-# blocks a check uses: the record key, 9 fixed args, 5 per limit. The header tells which.
+# blocks a check uses: the record key, 9 fixed args, 5 per limit. Since the records moved
+# into hashes per entity (lua/limits.lua, "records") the first key is the user's records
+# key and each limit also sends its tag (the shaped script: ARGV[6], the record's entries).
+# The header tells which.
+if grep -q 'HEXISTS' "$tmp/script.lua"; then
+  rec=lt:bench:rq:uid:__rand_int__; tag=(AAAAAA); entries=(fBBBBBBfCCCCCC)
+else
+  rec=lt:bench:req:__rand_int__; tag=(); entries=()
+fi
 if [ "$script" = shaped ]; then
   # A shaped script: check.lua's keys and 5 fixed args, then only each limit's max.
-  head_keys=(lt:bench:req:__rand_int__ lt:bench:req:__rand_int__)
-  head_args=(__rand_int__ 0 "" 10000 "")
+  head_keys=("$rec" "$rec")
+  head_args=(__rand_int__ 0 "" 10000 "" "${entries[@]}")
   per_limit=()
 elif [ "$script" = check ]; then
   # check.lua: the record key, the idempotency key's place (the record again), the limit
-  # keys; 5 fixed args ("" for ARGV[3]: a service-made id, no idempotency key), 4 per limit.
-  head_keys=(lt:bench:req:__rand_int__ lt:bench:req:__rand_int__)
+  # keys; 5 fixed args ("" for ARGV[3]: a service-made id, no idempotency key), 4 per limit
+  # (5 with the tag).
+  head_keys=("$rec" "$rec")
   head_args=(__rand_int__ 0 "" 10000 "")
-  per_limit=()
+  per_limit=("${tag[@]}")
 elif grep -q '^ARGV\[22\]' "$tmp/script.lua"; then
-  head_keys=(lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__ lt:bench:req:__rand_int__)
+  head_keys=("$rec" "$rec" "$rec" "$rec" "$rec")
   head_args=(__rand_int__ 0 0 10000 "" 0 0 0 0 "" 0 0 0 0 "" "" "" 0 "" "" 0 4)
   per_limit=(0 0 "")
 else
-  head_keys=(lt:bench:req:__rand_int__)
+  head_keys=("$rec")
   head_args=(__rand_int__ 0 "" 10000 "" 0 0 0 4)
-  per_limit=("")
+  per_limit=("" "${tag[@]}")
 fi
 if [ "$script" = shaped ]; then
   limit_args=(3 10 100 100000000)

@@ -86,25 +86,31 @@ async fn check(worker: web::Data<Worker>, body: web::Json<Check>) -> HttpRespons
 async fn run_check(worker: &Worker, body: &Check) -> redis::RedisResult<bool> {
     let scene = &body.scene;
     let request_id = ulid::Ulid::generate().to_string();
-    let record_key = format!("lt:{scene}:req:{request_id}");
+    let records_key = format!("lt:{scene}:rq:uid:{}", body.user_id);
+    let ip_key = format!("lt:{scene}:fw:ip_60s:ip:{}", body.ip);
+    let activity_key = format!("lt:{scene}:fw:activity_60s:aid:{}", body.activity_id);
+    // The request record's entries: the two fixed windows, by tag (lua/limits.lua).
+    let mut entries = Vec::with_capacity(14);
+    for key in [&ip_key, &activity_key] {
+        entries.push(b'f');
+        entries.extend_from_slice(&vigia::store::redis::record_tag(key));
+    }
     let mut inv = worker.script.prepare_invoke();
-    // KEYS: the record key, the record key again for "no idempotency key", the limits.
-    inv.key(&record_key)
-        .key(&record_key)
+    // KEYS: the records key, the records key again for "no idempotency key", the limits.
+    inv.key(&records_key)
+        .key(&records_key)
         .key(format!("lt:{scene}:uid:{}", body.user_id))
         .key(format!("lt:{scene}:did:{}", body.device_id))
-        .key(format!("lt:{scene}:fw:ip_60s:ip:{}", body.ip))
-        .key(format!(
-            "lt:{scene}:fw:activity_60s:act:{}",
-            body.activity_id
-        ));
+        .key(&ip_key)
+        .key(&activity_key);
     // ARGV: request id, not a dry run, no repeat to look for (the id is fresh), record
-    // TTL, Redis TIME, then each limit's max.
+    // TTL, Redis TIME, the record's entries, then each limit's max.
     inv.arg(&request_id)
         .arg("0")
         .arg("")
         .arg(RECORD_TTL_MS)
-        .arg("");
+        .arg("")
+        .arg(entries);
     for (_, _, max, _) in LIMITS {
         inv.arg(max);
     }

@@ -12,9 +12,10 @@ KEYS, the same reply in one string, its limit parameters written into the text),
 cheaper again; tests/it/limits_script.rs holds the two to the same answers and the same
 keys.
 
-KEYS[1]    request record key (<prefix>:<scene>:req:<request_id>); holds, for refund.lua,
-           what this request added where
-KEYS[2]    idempotency key; the record key again when the check carries none (no "i" in
+KEYS[1]    records key (<prefix>:<scene>:rq:<dim>:<value>, the check's first entity): the
+           request's record goes to a hash of it per generation (limits.lua), holding,
+           for refund.lua, what this request added where
+KEYS[2]    idempotency key; the records key again when the check carries none (no "i" in
            ARGV[3]), so that KEYS stays positional
 KEYS[2+i]  the key of limit i, in the order of the limits. Sliding limits over the same
            dimensions share one ZSET, so a key may appear more than once
@@ -23,12 +24,14 @@ ARGV[1]    request id (the ZSET member)
 ARGV[2]    dry run: "1" decides and writes nothing, "0" records
 ARGV[3]    the repeats to look for, as decide.lua's: "r" the request's record (the caller
            named the request id), "i" the idempotency key, "ri" both, "" neither
-ARGV[4]    TTL of the request and idempotency records, ms
+ARGV[4]    record TTL, ms: the idempotency key's TTL and the request records' generation
+           (a record lives at least this long and less than twice it)
 ARGV[5]    now in ms, or "" to read Redis TIME (production: every node agrees on the time;
            tests inject a manual clock here)
-ARGV[6+4*(i-1) .. 9+4*(i-1)], for limit i:
+ARGV[6+5*(i-1) .. 10+5*(i-1)], for limit i:
            algorithm ("s" sliding window, "f" fixed window, "t" token bucket),
-           window_ms, max, retain_ms (sliding: the longest window sharing the key)
+           window_ms, max, retain_ms (sliding: the longest window sharing the key), tag
+           (fixed window, bucket: how the record names the key; "" for sliding)
 
 Reply, a flat array:
   {"allow", "", n, count_1, exceeded_1, retry_after_ms_1, ..., count_n, exceeded_n, retry_after_ms_n}
@@ -56,13 +59,14 @@ end
 local n = #KEYS - 2
 local limits = {}
 for i = 1, n do
-  local base = 6 + 4 * (i - 1)
+  local base = 6 + 5 * (i - 1)
   local l = {
     key = KEYS[2 + i],
     algo = ARGV[base],
     window = tonumber(ARGV[base + 1]),
     max = tonumber(ARGV[base + 2]),
     retain = tonumber(ARGV[base + 3]),
+    tag = ARGV[base + 4],
     applies = true,
     -- Every field limits.lua fills in, so the table is sized once (as decide.lua's).
     count = 0, after = 0, exceeded = false, retry = 0, start = 0, fresh = false, tokens = 0,
@@ -78,7 +82,7 @@ if now == nil then
   return redis.error_reply('check.lua: now (ARGV[5]) is not a number')
 end
 
-local first = counted_before(KEYS[1], request_id, by_id, idem_key)
+local first = counted_before(KEYS[1], record_ttl, now, request_id, by_id, idem_key)
 if first then
   return {'dup', first, 0}
 end

@@ -9,18 +9,19 @@ and recording, shared with check.lua (the window store's script).
 A block the check has no use for is not sent (each argument and key costs Redis a parse
 and a Lua string): the idempotency key only with one, the trust keys and arguments only
 with [trust], the score's arguments only with [score]. Within the trust and signal blocks
-an absent optional key is replaced by the record key (KEYS[1]) and an ARGV flag says so;
+an absent optional key is replaced by the records key (KEYS[1]) and an ARGV flag says so;
 the script never touches a stand-in.
 
 KEYS, in this order:
-  the request record (<prefix>:<scene>:req:<request_id>); holds, for refund.lua, what
-               this request added to which limit key
+  the records key (<prefix>:<scene>:rq:<dim>:<value>, the check's first entity): the
+               request's record goes to a hash of it per generation (limits.lua),
+               holding, for refund.lua, what this request added to which limit key
   the idempotency key, when ARGV[3] has an "i"
   with [trust] (ARGV[6] = "1"), three keys: the user's trust points ZSET, the user's first
-               sighting, the device's first sighting (each the record key when its flag
+               sighting, the device's first sighting (each the records key when its flag
                says it is absent)
-  for each signal, three keys: the signal's set; its all-requests set (or the record
-               key, when the signal has none); its last-user key (or the record key)
+  for each signal, three keys: the signal's set; its all-requests set (or the records
+               key, when the signal has none); its last-user key (or the records key)
   for each limit: the limit's key. Sliding limits over the same dimensions share one
                ZSET, so a key may appear more than once
 
@@ -30,7 +31,8 @@ ARGV[2]        dry run: "1" decides and writes nothing at all (no sighting, no s
 ARGV[3]        the repeats to look for: "r" the request's record (the caller named the
                request id), "i" the idempotency key (the second key), "ri" both, ""
                neither (a request id the service made, no idempotency key)
-ARGV[4]        TTL of the request and idempotency records, ms
+ARGV[4]        record TTL, ms: the idempotency key's TTL and the request records'
+               generation (a record lives at least this long, less than twice it)
 ARGV[5]        now in ms, or "" to read Redis TIME
 ARGV[6]        "1" when the rule set has [trust]; "0": no points (0), ages unknown, and
                the trust block is not sent
@@ -53,10 +55,11 @@ then 10 per signal i:
                filter ("" "new_account" "new_device" "untrusted"), window_ms, max, cap,
                min_share (float, or ""), "1" when it has an all-requests key, "1" when it
                has a last-user key, weight (float, or "" when the score gives it none)
-then per limit j, 5 (7 with [trust]):
+then per limit j, 6 (8 with [trust]):
                algorithm ("s" sliding window, "f" fixed window, "t" token bucket),
                window_ms, base max, retain_ms (sliding: the longest window sharing the key),
-               filter (as above); with [trust] also "1" when counted per user, "1" when
+               filter (as above), tag (fixed window, bucket: how the record names the key;
+               "" for sliding); with [trust] also "1" when counted per user, "1" when
                trust points raise it
 
 Floats travel as decimal text that reads back to the same double (%.17g, or Rust's
@@ -118,7 +121,8 @@ Stored shapes (besides limits.lua's limits and records: refund.lua reads them):
   last user  STRING "<ms>:<member>": the last user's hash and when it was set (the time
              decides whether it is remembered; the expiry only cleans up)
 Every key this script writes expires: signal keys window + margin after their last write,
-limit keys as limits.lua says, sightings seen TTL after the last, records ARGV[4].
+limit keys as limits.lua says, sightings seen TTL after the last, records as limits.lua says,
+the idempotency key ARGV[4].
 ]]
 
 -- EPS, MARGIN, int(): limits.lua.
@@ -240,7 +244,7 @@ if has_score then
   a = a + 2
 end
 
-local PER_LIMIT = has_trust and 7 or 5
+local PER_LIMIT = has_trust and 8 or 6
 if #ARGV ~= a - 1 + 10 * n_signals + PER_LIMIT * n_limits then
   return fail(#ARGV .. ' arguments for ' .. n_signals .. ' signals and ' .. n_limits .. ' limits')
 end
@@ -295,9 +299,10 @@ for j = 1, n_limits do
     base_max = num(a + 2, 'max', 'limit', j),
     retain = num(a + 3, 'retain', 'limit', j),
     filter = ARGV[a + 4],
+    tag = ARGV[a + 5],
     -- Sent only with [trust]: without it the max is the base max.
-    per_user = has_trust and ARGV[a + 5] == '1',
-    trust_bonus = has_trust and ARGV[a + 6] == '1',
+    per_user = has_trust and ARGV[a + 6] == '1',
+    trust_bonus = has_trust and ARGV[a + 7] == '1',
     max = 0, applies = false, count = 0, after = 0, exceeded = false, retry = 0,
     start = 0, fresh = false, tokens = 0,
   }
@@ -325,7 +330,7 @@ if now == nil then
 end
 
 -- The same request id twice counts once; the same idempotency key names the first request.
-local first = counted_before(KEYS[1], request_id, by_id, idem_key)
+local first = counted_before(KEYS[1], record_ttl, now, request_id, by_id, idem_key)
 if first then
   return { 'dup', first }
 end

@@ -20,6 +20,8 @@ A limit is a table the script builds from its arguments:
   window   window_ms
   max      the max it is held to
   retain   retain_ms (sliding: the longest window sharing the key)
+  tag      fixed window, bucket: how the request record names the key (6 characters,
+           store::redis::record_tag); unused for a sliding window
   applies  true to count it; otherwise neither phase reads or writes its key
 limits_evaluate fills in, for each applying limit:
   count    the count before this request (token buckets: tokens spent, that is capacity
@@ -36,16 +38,24 @@ Stored shapes (refund.lua reads them):
   sliding  ZSET  member = request id, score = ms
   fixed    HASH  s = window start (aligned: now - now % window), c = count in that window
   bucket   HASH  tk = tokens left at ts, ts = ms of last spend, cap = capacity (for refund)
-  record   STRING cjson {"k": {<key>: "f:<start>" | "t"}}: the fixed windows and buckets
-           written (what refund.lua cannot tell from the key itself). A sliding ZSET is not
-           named: its member is the request id, so refund.lua removes the id from the
-           caller's candidate ZSETs, which touches nothing this request did not add; a
-           record naming every key cost Redis ~70 B per check of a four-limit scene.
-           (Records written before 2026-12 also name sliding keys as "z".)
+  records  HASH  <records key>:<g>, field = request id, value = "<ms>" then "f<tag>" or
+           "t<tag>" per fixed window or bucket the request counted in: ms since the start
+           of generation g (g = floor(now / record_ttl)), then what refund.lua may undo
+           there (a fixed window only while its start is not after the request). A sliding
+           ZSET is not named: its member is the request id, so refund.lua removes the id
+           from the caller's candidate ZSETs, which touches nothing this request did not
+           add. Field "#" (empty) marks a hash as made: HSET answers 2 only for a new
+           hash, which then gets its expiry, the end of generation g + 1 plus MARGIN. So a
+           record lives at least record_ttl and less than twice it, and a repeat is looked
+           for in generations g and g - 1. Why a hash per entity and generation rather
+           than a key per request: a key with an expiry costs Redis ~200 B, more than the
+           window members a check adds; a field of a small hash costs its own bytes.
+           (Records written before 2026-12 were a STRING per request, cjson
+           {"k": {<key>: "f:<start>" | "t" | "z"}}; refund.lua still reads them.)
   idem     STRING the request id that was counted
 Expiries: a sliding ZSET the longest retain naming it + MARGIN after its newest member, a
 fixed window HASH MARGIN after the window's end, a bucket MARGIN after it is full again;
-the record and the idempotency key the TTL the caller gives.
+records as above; the idempotency key the record TTL the caller gives.
 ]]
 
 -- Tolerance for float drift in token arithmetic: tokens are stored as decimal text and
@@ -75,13 +85,23 @@ local function clock_now(arg)
   return tonumber(arg)
 end
 
+-- The records hash of generation g (see the header).
+local function records_hash(records_key, g)
+  return records_key .. ':' .. int(g)
+end
+
 -- The same request id twice counts once; the same idempotency key names the first request.
 -- Returns the request id that was counted, or nil when this request is new. by_id: false
 -- when the service made the request id for this check (a fresh ULID cannot have been
--- counted: no lookup). idem_key: nil when the check carries none.
-local function counted_before(record_key, request_id, by_id, idem_key)
-  if by_id and redis.call('EXISTS', record_key) == 1 then
-    return request_id
+-- counted: no lookup). idem_key: nil when the check carries none. record_ttl: the
+-- generation's length.
+local function counted_before(records_key, record_ttl, now, request_id, by_id, idem_key)
+  if by_id then
+    local g = math.floor(now / record_ttl)
+    if redis.call('HEXISTS', records_hash(records_key, g), request_id) == 1
+      or redis.call('HEXISTS', records_hash(records_key, g - 1), request_id) == 1 then
+      return request_id
+    end
   end
   if idem_key then
     local first = redis.call('GET', idem_key)
@@ -186,8 +206,8 @@ end
 -- Phase 2, only when no limit is exceeded and not a dry run (all-or-nothing: one exceeded
 -- limit and nothing is recorded anywhere): adds the request to every applying limit, then
 -- writes its request record and, with idem_key (nil when the check carries none), the
--- idempotency key, both for record_ttl ms.
-local function limits_record(limits, now, request_id, record_key, idem_key, record_ttl)
+-- idempotency key (for record_ttl ms).
+local function limits_record(limits, now, request_id, records_key, idem_key, record_ttl)
   -- A key named twice (sliding limits sharing a ZSET) is written once; its expiry follows
   -- the longest retain among the applying limits naming it.
   local record = {}
@@ -222,28 +242,25 @@ local function limits_record(limits, now, request_id, record_key, idem_key, reco
         else
           redis.call('HSET', key, 'c', l.count + 1)
         end
-        record[key] = 'f:' .. int(l.start)
+        record[#record + 1] = 'f' .. l.tag
       else
         local tk = l.tokens - 1
         redis.call('HSET', key, 'tk', string.format('%.17g', tk), 'ts', now, 'cap', l.max)
         -- A full bucket equals an absent key: live until full again, plus the margin.
         local refill = math.ceil((l.max - tk) * l.window / l.max - EPS)
         redis.call('PEXPIRE', key, math.max(refill, 1) + MARGIN)
-        record[key] = 't'
+        record[#record + 1] = 't' .. l.tag
       end
     end
   end
 
-  -- The record names the fixed windows and buckets written (what refund.lua may undo
-  -- there). cjson turns an empty table into an array; a request that counted in no such
-  -- key (nowhere, or in sliding windows only) still gets an object.
-  local encoded
-  if next(record) == nil then
-    encoded = '{"k":{}}'
-  else
-    encoded = cjson.encode({ k = record })
+  -- The record: when, and the fixed windows and buckets written (see the header).
+  local g = math.floor(now / record_ttl)
+  local start = g * record_ttl
+  local hash = records_hash(records_key, g)
+  if redis.call('HSET', hash, request_id, int(now - start) .. table.concat(record), '#', '') == 2 then
+    redis.call('PEXPIRE', hash, start + 2 * record_ttl - now + MARGIN)
   end
-  redis.call('SET', record_key, encoded, 'PX', record_ttl)
   if idem_key then
     redis.call('SET', idem_key, request_id, 'PX', record_ttl)
   end

@@ -1,55 +1,46 @@
 --[[
 refund.lua: give back the quota one counted request consumed, exactly and atomically.
 
-KEYS[1]    request record key, as written by check.lua or decide.lua (limits.lua)
-KEYS[2..]  candidate keys, recomputed by the caller from the refund's dimension values.
+KEYS[1]    records key (<prefix>:<scene>:rq:<dim>:<value>) as check.lua and decide.lua
+           were given it; the record is a field of its hash of generation g or g - 1
+           (limits.lua). Ignored when ARGV[2] is "0".
+KEYS[2]    the request's own record key (<prefix>:<scene>:req:<request_id>): where records
+           written before 2026-12 are, looked at only when the records hash has none
+KEYS[3..]  candidate keys, recomputed by the caller from the refund's dimension values.
            A refund cannot reach a key the request never counted in: a fixed window or a
            bucket is touched only when the record names it, a sliding ZSET only by removing
            the request id, which only this request added.
 
 ARGV[1]    request id
+ARGV[2]    the record TTL (the generation's length), ms; "0": no records hash to look in
+ARGV[3]    now in ms, or "" to read Redis TIME
+ARGV[3+i]  the tag of candidate KEYS[2+i] (store::redis::record_tag)
 
 Reply: 1 when something was given back, 0 when the request is unknown (never counted,
 record expired) or every candidate key was already refunded.
 
-Per key, the record says how to undo:
-  (absent)   a sliding ZSET among the candidates (TYPE zset): remove the request id
+Per candidate key, the record says how to undo:
+  (not named) a sliding ZSET among the candidates (TYPE zset): remove the request id
              (exact; later members keep their places; a ZSET the request never counted in
-             has no such member). The record does not name sliding keys.
-  "z"        the same, in a record written before 2026-12
-  "f:<start>" fixed window: decrement the count only while the window that counted the
-             request is still the current one; a new window already forgot it
-  "t"        token bucket: one token back, capped at the capacity stored in the hash
+             has no such member). Records do not name sliding keys.
+  f<tag>     fixed window: decrement the count only while the window that counted the
+             request is still the current one, that is while the window's start is not
+             after the request (windows only move forward; a new one already forgot it)
+  t<tag>     token bucket: one token back, capped at the capacity stored in the hash
              (refill is linear, so adding to the stored level equals adding now)
-Undone keys leave the record (and the request id its ZSETs), which keeps its TTL: a second
-refund of the same keys is 0, while a later refund naming a key that was missed the first
-time still works. The record itself stays, so the same request id sent again is still a
-duplicate.
+Undone keys leave the record (and the request id its ZSETs), which keeps its expiry: a
+second refund of the same keys is 0, while a later refund naming a key that was missed the
+first time still works. The record itself stays, so the same request id sent again is still
+a duplicate.
 ]]
 
-local raw = redis.call('GET', KEYS[1])
-if not raw then
-  return 0
-end
-local ok, rec = pcall(cjson.decode, raw)
-if not ok or type(rec) ~= 'table' or type(rec.k) ~= 'table' then
-  return redis.error_reply('refund.lua: unreadable request record at ' .. KEYS[1])
-end
-
 local request_id = ARGV[1]
-local undone = 0
--- Whether an entry left the record (it is written back only then).
-local changed = false
 
-for i = 2, #KEYS do
-  local key = KEYS[i]
-  local how = rec.k[key]
+-- Undoes what `key` holds of the request: a sliding ZSET (how == nil, its type checked),
+-- a fixed window counted at t ("f"), a bucket ("t"). True when a ZSET gave the id back.
+local function undo(key, how, t)
   if how == nil then
-    if redis.call('TYPE', key).ok == 'zset' and redis.call('ZREM', key, request_id) == 1 then
-      undone = undone + 1
-    end
-  elseif how == 'z' then
-    redis.call('ZREM', key, request_id)
+    return redis.call('TYPE', key).ok == 'zset' and redis.call('ZREM', key, request_id) == 1
   elseif how == 't' then
     local h = redis.call('HMGET', key, 'tk', 'cap')
     -- An absent bucket is a full one: nothing to give back.
@@ -57,11 +48,108 @@ for i = 2, #KEYS do
       local tk = math.min(tonumber(h[1]) + 1, tonumber(h[2]))
       redis.call('HSET', key, 'tk', string.format('%.17g', tk))
     end
-  elseif type(how) == 'string' and string.sub(how, 1, 2) == 'f:' then
+  elseif how == 'f' then
     local h = redis.call('HMGET', key, 's', 'c')
-    if h[1] and h[1] == string.sub(how, 3) and (tonumber(h[2]) or 0) > 0 then
+    if h[1] and tonumber(h[1]) <= t and (tonumber(h[2]) or 0) > 0 then
       redis.call('HINCRBY', key, 'c', -1)
     end
+  end
+  return false
+end
+
+-- A record of the records hash `hash`, generation start `start`: "<ms>" then "f<tag>" or
+-- "t<tag>" entries (limits.lua).
+local function refund_record(hash, start, value)
+  local ms = string.match(value, '^%d+')
+  if not ms then
+    return redis.error_reply('refund.lua: unreadable request record ' .. request_id .. ' in ' .. hash)
+  end
+  local t = start + tonumber(ms)
+  local named = {}
+  for kind, tag in string.gmatch(string.sub(value, #ms + 1), '([ft])([%w_-][%w_-][%w_-][%w_-][%w_-][%w_-])') do
+    named[tag] = kind
+  end
+  local undone, changed = 0, false
+  for i = 3, #KEYS do
+    local tag = ARGV[i + 1]
+    local how = named[tag]
+    if undo(KEYS[i], how, t) then
+      undone = undone + 1
+    end
+    if how ~= nil then
+      named[tag] = nil
+      undone = undone + 1
+      changed = true
+    end
+  end
+  if undone == 0 then
+    return 0
+  end
+  if changed then
+    -- The entries not undone stay, in their order; HSET of an existing field keeps the
+    -- hash's expiry.
+    local kept = { ms }
+    for kind, tag in string.gmatch(string.sub(value, #ms + 1), '([ft])([%w_-][%w_-][%w_-][%w_-][%w_-][%w_-])') do
+      if named[tag] == kind then
+        kept[#kept + 1] = kind .. tag
+      end
+    end
+    redis.call('HSET', hash, request_id, table.concat(kept))
+  end
+  return 1
+end
+
+local gen = tonumber(ARGV[2]) or 0
+if gen > 0 then
+  local now
+  if ARGV[3] == '' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  else
+    now = tonumber(ARGV[3])
+    if now == nil then
+      return redis.error_reply('refund.lua: now (ARGV[3]) is not a number')
+    end
+  end
+  local g = math.floor(now / gen)
+  for _, gg in ipairs({ g, g - 1 }) do
+    local hash = KEYS[1] .. ':' .. string.format('%d', gg)
+    local value = redis.call('HGET', hash, request_id)
+    if value then
+      return refund_record(hash, gg * gen, value)
+    end
+  end
+end
+
+-- A record written before 2026-12: one STRING per request, cjson
+-- {"k": {<key>: "f:<start>" | "t" | "z"}}.
+local raw = redis.call('GET', KEYS[2])
+if not raw then
+  return 0
+end
+local ok, rec = pcall(cjson.decode, raw)
+if not ok or type(rec) ~= 'table' or type(rec.k) ~= 'table' then
+  return redis.error_reply('refund.lua: unreadable request record at ' .. KEYS[2])
+end
+
+local undone = 0
+-- Whether an entry left the record (it is written back only then).
+local changed = false
+
+for i = 3, #KEYS do
+  local key = KEYS[i]
+  local how = rec.k[key]
+  if how == nil then
+    if undo(key, nil, 0) then
+      undone = undone + 1
+    end
+  elseif how == 'z' then
+    redis.call('ZREM', key, request_id)
+  elseif how == 't' then
+    undo(key, 't', 0)
+  elseif type(how) == 'string' and string.sub(how, 1, 2) == 'f:' then
+    -- The window's start: a later window's start is after it.
+    undo(key, 'f', tonumber(string.sub(how, 3)) or -1)
   end
   if how ~= nil then
     rec.k[key] = nil
@@ -84,5 +172,5 @@ if next(rec.k) == nil then
 else
   encoded = cjson.encode(rec)
 end
-redis.call('SET', KEYS[1], encoded, 'KEEPTTL')
+redis.call('SET', KEYS[2], encoded, 'KEEPTTL')
 return 1

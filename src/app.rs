@@ -279,11 +279,10 @@ pub async fn build_core(
         ),
         None => (store.clone(), ledger),
     };
-    let refunds = Arc::new(Refunds::new(
-        refund_store,
-        metrics.clone(),
-        &config.store.key_prefix,
-    ));
+    let refunds = Arc::new(
+        Refunds::new(refund_store, metrics.clone(), &config.store.key_prefix)
+            .with_record_horizon(config.store.record_horizon_ms),
+    );
     let mut checker = Checker::new(
         decider,
         store,

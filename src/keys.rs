@@ -4,14 +4,15 @@
 //!
 //! `<prefix>:<scene>:<dim>:<value>[:<dim>:<value>…]` for sliding windows,
 //! `<prefix>:<scene>:fw:<limit>:<dims…>` and `<prefix>:<scene>:tb:<limit>:<dims…>` for
-//! fixed windows and token buckets, `<prefix>:<scene>:req:<id>` and
-//! `<prefix>:<scene>:idem:<key>` for the request and idempotency records.
+//! fixed windows and token buckets, `<prefix>:<scene>:rq:<dim>:<value>` (on Redis) or
+//! `<prefix>:<scene>:req:<dim>:<value>:<id>` (embedded) and `<prefix>:<scene>:idem:<key>`
+//! for the request and idempotency records.
 //!
 //! Values are percent-encoded: every byte outside `[A-Za-z0-9._@-]` becomes `%XX`, `%`
 //! included. The encoding is injective, and an encoded value contains no `:`, `{`, `}`,
 //! `*`, `?`, `[`, space or control byte, so no id can make another key's name, escape the
 //! prefix, or widen a SCAN pattern. The segment after the scene is a dimension abbreviation
-//! (`uid`, `did`, `ip`, `net`, `aid`, `at.NAME`) or one of `all`, `fw`, `tb`, `req`,
+//! (`uid`, `did`, `ip`, `net`, `aid`, `at.NAME`) or one of `all`, `fw`, `tb`, `req`, `rq`,
 //! `idem`, `sg`, `sa`, `sl` — disjoint sets — and limit, signal and attribute names are
 //! `[A-Za-z0-9_]`, so the kinds of keys cannot collide either. Signals keep their sets in
 //! `<prefix>:<scene>:sg:<signal>[:<dims>]` (and `sa`, `sl`); trust and sightings in
@@ -19,6 +20,7 @@
 //! `<prefix>:device-seen:did:<device>` (sightings kept [`SEEN_RETENTION_MS`]). A sliding
 //! limit over no dimension (a scene-wide budget) counts in `<prefix>:<scene>:all`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -72,6 +74,53 @@ fn push_dimensions(k: &mut String, dims: &[Dimension], values: &DimensionValues)
         encode_into(k, values.get(d)?);
     }
     Some(())
+}
+
+/// `<prefix>:<scene>:req:<id>`: where both stores kept a request's record before 2026-12,
+/// from the request's records key (`<prefix>:<scene>:rq:<dim>:<value>` or `…:rq:all`),
+/// for a refund of a request counted before an upgrade. `None` for a key of another shape.
+/// Encoded values hold no `:`, so the entity is the last two segments.
+pub fn legacy_record_key(records_key: &str, request_id: &str) -> Option<String> {
+    let base = match records_key.strip_suffix(":rq:all") {
+        Some(base) => base,
+        None => {
+            let (rest, _value) = records_key.rsplit_once(':')?;
+            let (rest, _abbrev) = rest.rsplit_once(':')?;
+            rest.strip_suffix(":rq")?
+        }
+    };
+    let mut k = String::with_capacity(base.len() + 5 + request_id.len());
+    k.push_str(base);
+    k.push_str(":req:");
+    encode_into(&mut k, request_id);
+    Some(k)
+}
+
+/// Appends `:<abbrev>:<value>` of the check's first entity (user, device, address,
+/// activity, first attribute), or `:all` when it has none: what a request's records are
+/// kept under.
+fn push_first_entity(k: &mut String, values: &DimensionValues) {
+    let first = [
+        ("uid", &values.user),
+        ("did", &values.device),
+        ("ip", &values.ip),
+        ("aid", &values.activity),
+    ]
+    .into_iter()
+    .find_map(|(abbrev, v)| v.as_deref().map(|v| (Cow::Borrowed(abbrev), v)))
+    .or_else(|| {
+        let (name, v) = values.attrs.iter().next()?;
+        Some((Dimension::Attr(name.clone()).key_abbrev(), v.as_str()))
+    });
+    match first {
+        Some((abbrev, value)) => {
+            k.push(':');
+            k.push_str(&abbrev);
+            k.push(':');
+            encode_into(k, value);
+        }
+        None => k.push_str(":all"),
+    }
 }
 
 /// The three sets a signal may keep per entity.
@@ -204,10 +253,29 @@ impl KeySpace<'_> {
         Some(k)
     }
 
-    /// The record of one counted request.
-    pub fn record_key(&self, request_id: &str) -> String {
+    /// Where Redis keeps the request records of the check's first entity (user, else
+    /// device, address, activity, first attribute; the scene itself for a check with none):
+    /// `<prefix>:<scene>:rq:<dim>:<value>`, one hash per generation of the record TTL (the
+    /// scripts append `:<generation>`, lua/limits.lua). Kept with the entity rather than
+    /// one key per request: a hash field costs Redis a fraction of a key, and on a cluster
+    /// the records sit in the slot of the entity's other keys.
+    pub fn records_key(&self, values: &DimensionValues) -> String {
         let mut k = self.base();
-        k.push_str(":req:");
+        k.push_str(":rq");
+        push_first_entity(&mut k, values);
+        k
+    }
+
+    /// The record of one counted request on the embedded store:
+    /// `<prefix>:<scene>:req:<dim>:<value>:<id>`, under the same first entity as on Redis
+    /// ([`KeySpace::records_key`]), so both stores answer a repeat alike: the same id is a
+    /// repeat for the same entity only (another user's check cannot pass as one already
+    /// counted by naming its id).
+    pub fn record_key(&self, values: &DimensionValues, request_id: &str) -> String {
+        let mut k = self.base();
+        k.push_str(":req");
+        push_first_entity(&mut k, values);
+        k.push(':');
         encode_into(&mut k, request_id);
         k
     }
@@ -275,6 +343,41 @@ mod tests {
         assert_eq!(
             KS.limit_key(&tb, &values("1")).unwrap(),
             "lt:coupon_claim:tb:dev_tb:did:dev-12345678"
+        );
+    }
+
+    #[test]
+    fn records_sit_with_the_first_entity_the_check_carries() {
+        let mut v = values("10086");
+        assert_eq!(KS.records_key(&v), "lt:coupon_claim:rq:uid:10086");
+        v.user = None;
+        assert_eq!(KS.records_key(&v), "lt:coupon_claim:rq:did:dev-12345678");
+        v.device = None;
+        assert_eq!(
+            KS.records_key(&v),
+            "lt:coupon_claim:rq:ip:2001%3Adb8%3A%3A1"
+        );
+        v.ip = None;
+        assert_eq!(KS.records_key(&v), "lt:coupon_claim:rq:aid:2026verano");
+        v.activity = None;
+        assert_eq!(
+            KS.records_key(&v),
+            "lt:coupon_claim:rq:at.phone_range:612%2034"
+        );
+        v.attrs.clear();
+        assert_eq!(KS.records_key(&v), "lt:coupon_claim:rq:all");
+        assert_eq!(KS.record_key(&v, "r:1"), "lt:coupon_claim:req:all:r%3A1");
+        // Where a record was before 2026-12, from either shape of records key.
+        for values in [v.clone(), values("10086")] {
+            assert_eq!(
+                legacy_record_key(&KS.records_key(&values), "r:1").as_deref(),
+                Some("lt:coupon_claim:req:r%3A1")
+            );
+        }
+        assert_eq!(legacy_record_key("lt:coupon_claim:uid:1", "r1"), None);
+        assert_eq!(
+            KS.record_key(&values("10086"), "r1"),
+            "lt:coupon_claim:req:uid:10086:r1"
         );
     }
 

@@ -74,6 +74,9 @@ pub struct Refunds {
     store: Arc<dyn WindowStore>,
     metrics: Metrics,
     key_prefix: String,
+    /// `[store] record_horizon_ms`, as the checks were given it: a refund finds a record
+    /// where the check wrote it only with the same record TTL (`Scene::record_ttl_ms`).
+    record_horizon_ms: u64,
 }
 
 impl std::fmt::Debug for Refunds {
@@ -92,7 +95,14 @@ impl Refunds {
             store,
             metrics,
             key_prefix: key_prefix.to_string(),
+            record_horizon_ms: crate::config::DEFAULT_RECORD_HORIZON_MS,
         }
+    }
+
+    /// The checks' record horizon (`[store] record_horizon_ms`); the default otherwise.
+    pub fn with_record_horizon(mut self, ms: u64) -> Self {
+        self.record_horizon_ms = ms;
+        self
     }
 
     /// Validates a `/v1/refund` body and gives the request's quota back. `Ok(false)` when
@@ -115,7 +125,9 @@ impl Refunds {
             scene: &req.scene.name,
         };
         Ok(RefundOp {
-            record_key: ks.record_key(&req.request_id),
+            record_key: ks.record_key(&req.values, &req.request_id),
+            records_key: ks.records_key(&req.values),
+            record_ttl_ms: req.scene.record_ttl_ms(self.record_horizon_ms),
             request_id: req.request_id.clone(),
             keys: keys(&ks, &req.scene, &req.values),
         })
@@ -197,7 +209,13 @@ max = 10
     fn an_op_names_each_key_once_with_the_request_record() {
         let body = json!({"scene": "s", "request_id": "r1", "user_id": "u:1", "ip": "192.0.2.1"});
         let op = refunds().op(&rules(), &body).unwrap();
-        assert_eq!(op.record_key, "lt:s:req:r1");
+        assert_eq!(op.record_key, "lt:s:req:uid:u%3A1:r1");
+        // On Redis the record sits with the user, in hashes of 1 h generations: the
+        // scene's longest window (1 h) caps the 1 h default horizon.
+        assert_eq!(op.records_key, "lt:s:rq:uid:u%3A1");
+        assert_eq!(op.record_ttl_ms, 3_600_000);
+        let shorter = refunds().with_record_horizon(60_000);
+        assert_eq!(shorter.op(&rules(), &body).unwrap().record_ttl_ms, 60_000);
         assert_eq!(op.request_id, "r1");
         // The two sliding limits over `user` share one key: named once.
         assert_eq!(

@@ -255,6 +255,7 @@ mod tests {
     fn plan(limits: Vec<LimitPlan>) -> CheckPlan {
         CheckPlan {
             record_key: "lt:s:req:r1".into(),
+            records_key: "lt:s:rq:all".into(),
             idempotency_key: None,
             request_id: "r1".into(),
             id_given: true,

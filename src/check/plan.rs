@@ -54,14 +54,15 @@ pub fn plan(
         silent_deny_at: score.silent_deny_at,
     });
     let plan = CheckPlan {
-        record_key: ks.record_key(&req.request_id),
+        record_key: ks.record_key(values, &req.request_id),
+        records_key: ks.records_key(values),
         idempotency_key: req
             .idempotency_key
             .as_deref()
             .map(|k| ks.idempotency_key(k)),
         request_id: req.request_id.clone(),
         id_given: req.id_given,
-        record_ttl_ms: record_ttl_ms(scene, record_horizon_ms),
+        record_ttl_ms: scene.record_ttl_ms(record_horizon_ms),
         dry_run: req.dry_run,
         trust: trust(prefix, rules, req),
         signals,
@@ -69,15 +70,6 @@ pub fn plan(
         limits,
     };
     (plan, index)
-}
-
-/// How long the request and idempotency records live: while the request counts in some
-/// window of the scene (a record past the longest window would guard nothing), and at most
-/// the horizon (`[store] record_horizon_ms`): a duplicate, an idempotent retry or a refund
-/// comes within minutes, and a record kept for a whole day-long window would make every
-/// allowed check cost more memory than the window members it adds. At least 1 s.
-pub fn record_ttl_ms(scene: &Scene, record_horizon_ms: u64) -> u64 {
-    scene.longest_window_ms().min(record_horizon_ms).max(1000)
 }
 
 fn trust(prefix: &str, rules: &RuleSet, req: &CheckRequest) -> Option<TrustPlan> {

@@ -169,6 +169,8 @@ impl Decider for EmbeddedDecider {
             .collect();
         let op = CheckOp {
             record_key: plan.record_key.clone(),
+            // The embedded store keeps one record per request id (`record_key`).
+            records_key: String::new(),
             idempotency_key: plan.idempotency_key.clone(),
             request_id: plan.request_id.clone(),
             record_ttl_ms: plan.record_ttl_ms,
@@ -226,6 +228,7 @@ mod tests {
     fn plan(request_id: &str) -> CheckPlan {
         CheckPlan {
             record_key: format!("vg:s:req:{request_id}"),
+            records_key: "vg:s:rq:all".into(),
             idempotency_key: None,
             request_id: request_id.into(),
             id_given: true,

@@ -42,8 +42,12 @@ use crate::store::{LimitState, StoreError};
 /// Everything one check asks of a decider.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckPlan {
-    /// `<prefix>:<scene>:req:<request_id>`: the request's record (repeat detection, refund).
+    /// `<prefix>:<scene>:req:<request_id>`: the request's record (repeat detection, refund)
+    /// on the embedded store.
     pub record_key: String,
+    /// `<prefix>:<scene>:rq:<dim>:<value>`: where Redis keeps the records of the check's
+    /// first entity ([`crate::keys::KeySpace::records_key`]).
+    pub records_key: String,
     /// `<prefix>:<scene>:idem:<key>`, when the check carries an idempotency key.
     pub idempotency_key: Option<String>,
     pub request_id: String,

@@ -22,7 +22,9 @@ use crate::rules::Filter;
 use crate::signal::member_of;
 use crate::signal::MAX_CAP;
 use crate::store::limits_script::LimitScripts;
-use crate::store::redis::{algo_code, parse_check_reply, repeats, CheckCall, STARTUP_MIN_MS};
+use crate::store::redis::{
+    algo_code, parse_check_reply, repeats, tag_arg, CheckCall, STARTUP_MIN_MS,
+};
 use crate::store::redis_link::RedisLink;
 use crate::store::{CheckOutcome, LimitState, StoreError};
 
@@ -150,7 +152,7 @@ fn limits_invocation(
         .filter(|&j| applies_without_trust(plan.limits[j].filter))
         .collect();
     let call = CheckCall {
-        record_key: &plan.record_key,
+        records_key: &plan.records_key,
         idempotency_key: plan.idempotency_key.as_deref(),
         request_id: &plan.request_id,
         dry_run: plan.dry_run,
@@ -242,9 +244,10 @@ fn script_member(member: &str) -> [u8; 16] {
     out
 }
 
-/// An optional key, or the record key standing in for it (its flag says which).
+/// An optional key, or the records key standing in for it (its flag says which): it is
+/// in the check's slot on a cluster.
 fn or_record<'a>(key: &'a Option<String>, plan: &'a CheckPlan) -> &'a str {
-    key.as_deref().unwrap_or(&plan.record_key)
+    key.as_deref().unwrap_or(&plan.records_key)
 }
 
 /// An optional argument: absent is "".
@@ -270,11 +273,11 @@ fn invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> Cmd {
         + trust.map_or(0, |_| TRUST_ARGS)
         + plan.score.as_ref().map_or(0, |_| SCORE_ARGS)
         + ARGS_PER_SIGNAL * plan.signals.len()
-        + plan.limits.len() * if trust.is_some() { 7 } else { 5 };
+        + plan.limits.len() * if trust.is_some() { 8 } else { 6 };
     let mut cmd = Cmd::with_capacity(3 + n_keys + n_args, 64 * (n_keys + n_args));
     cmd.arg("EVALSHA").arg(sha).arg(n_keys);
 
-    cmd.arg(&plan.record_key);
+    cmd.arg(&plan.records_key);
     if let Some(idem) = &plan.idempotency_key {
         cmd.arg(idem);
     }
@@ -345,7 +348,8 @@ fn invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> Cmd {
             .arg(window_ms)
             .arg(l.base_max)
             .arg(l.retain_ms.max(window_ms))
-            .arg(filter_arg(l.filter));
+            .arg(filter_arg(l.filter))
+            .arg(&tag_arg(l.algorithm, &l.key)[..]);
         if trust.is_some() {
             cmd.arg(flag(l.per_user)).arg(flag(l.trust_bonus));
         }
@@ -544,6 +548,7 @@ mod tests {
     use super::*;
     use crate::decide::{LimitPlan, ScorePlan, SignalPlan, TrustPlan};
     use crate::rules::{Algorithm, Count};
+    use crate::store::redis::record_tag;
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
@@ -590,6 +595,7 @@ mod tests {
         shared.filter = Some(Filter::NewAccount);
         CheckPlan {
             record_key: "p:s:req:r1".into(),
+            records_key: "p:s:rq:all".into(),
             idempotency_key: None,
             request_id: "r1".into(),
             id_given: true,
@@ -685,20 +691,20 @@ mod tests {
         assert_eq!(keys.len(), 1 + TRUST_KEYS + 3 * 2 + 2);
         assert_eq!(
             args.len(),
-            FIXED_ARGS + TRUST_ARGS + SCORE_ARGS + 10 * 2 + 7 * 2
+            FIXED_ARGS + TRUST_ARGS + SCORE_ARGS + 10 * 2 + 8 * 2
         );
-        // Absent optional keys are the record key; flags say which are real.
+        // Absent optional keys are the records key; flags say which are real.
         assert_eq!(
             &keys[..4],
             [
-                "p:s:req:r1",
+                "p:s:rq:all",
                 "p:trust-points:uid:u",
                 "p:user-seen:uid:u",
-                "p:s:req:r1"
+                "p:s:rq:all"
             ]
         );
-        assert_eq!(&keys[4..7], ["p:s:sg:upn", "p:s:sa:upn", "p:s:req:r1"]);
-        assert_eq!(&keys[7..10], ["p:s:sg:sw", "p:s:req:r1", "p:s:sl:sw"]);
+        assert_eq!(&keys[4..7], ["p:s:sg:upn", "p:s:sa:upn", "p:s:rq:all"]);
+        assert_eq!(&keys[7..10], ["p:s:sg:sw", "p:s:rq:all", "p:s:sl:sw"]);
         assert_eq!(
             &args[..9],
             ["r1", "0", "r", "10000", "123", "1", "1", "2", "2"]
@@ -723,29 +729,42 @@ mod tests {
                 "0.6"
             ]
         );
-        assert_eq!(&args[42..49], ["s", "10000", "5", "10000", "", "1", "0"]);
+        // A sliding window has no tag: the record does not name it.
+        assert_eq!(
+            &args[42..50],
+            ["s", "10000", "5", "10000", "", "", "1", "0"]
+        );
 
         // Without [trust], [score], signals or an idempotency key, none of their blocks
         // is sent; Redis TIME is asked for with an empty now.
+        // A fixed window's tag names it in the record.
+        let fixed = LimitPlan {
+            algorithm: Algorithm::FixedWindow,
+            ..limit("p:s:fw:f:uid:u")
+        };
+        let tag = String::from_utf8(record_tag("p:s:fw:f:uid:u").to_vec()).expect("ASCII");
         let bare = CheckPlan {
             trust: None,
             score: None,
             signals: vec![],
-            limits: vec![limit("p:s:uid:u")],
+            limits: vec![fixed],
             ..p
         };
         let (keys, args) = sent(&bare, None);
-        assert_eq!(keys, ["p:s:req:r1", "p:s:uid:u"]);
+        assert_eq!(keys, ["p:s:rq:all", "p:s:fw:f:uid:u"]);
         assert_eq!(
             args,
-            ["r1", "0", "r", "10000", "", "0", "0", "0", "1", "s", "10000", "5", "10000", ""]
+            [
+                "r1", "0", "r", "10000", "", "0", "0", "0", "1", "f", "10000", "5", "10000", "",
+                &tag
+            ]
         );
         let idem = CheckPlan {
             idempotency_key: Some("p:s:idem:k".into()),
             ..bare
         };
         let (keys, args) = sent(&idem, None);
-        assert_eq!(keys, ["p:s:req:r1", "p:s:idem:k", "p:s:uid:u"]);
+        assert_eq!(keys, ["p:s:rq:all", "p:s:idem:k", "p:s:fw:f:uid:u"]);
         assert_eq!(args[2], "ri");
         let made = CheckPlan {
             id_given: false,
@@ -788,8 +807,8 @@ mod tests {
                 "EVALSHA",
                 script.get_hash(),
                 "4",
-                "p:s:req:r1",
-                "p:s:req:r1",
+                "p:s:rq:all",
+                "p:s:rq:all",
                 "p:s:uid:u",
                 "p:s:unt:uid:u",
                 "r1",
@@ -797,18 +816,20 @@ mod tests {
                 "r",
                 "10000",
                 "",
+                // The record's entries: none for sliding windows.
+                "",
                 "5",
                 "5"
             ]
         );
-        // More limits than a shaped script takes: check.lua, four arguments per limit.
+        // More limits than a shaped script takes: check.lua, five arguments per limit.
         let many = CheckPlan {
             limits: vec![limit("p:s:uid:u"); crate::store::limits_script::MAX_LIMITS + 1],
             ..p.clone()
         };
         let (script, cmd, _) = limits_invocation(&scripts, &many, None);
         assert_eq!(script.get_hash(), check_lua.get_hash());
-        assert_eq!(words(&cmd).len(), 3 + 2 + 17 + 5 + 4 * 17);
+        assert_eq!(words(&cmd).len(), 3 + 2 + 17 + 5 + 5 * 17);
 
         let state = |count, exceeded, retry_after_ms| LimitState {
             count,

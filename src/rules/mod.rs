@@ -406,6 +406,17 @@ impl Scene {
     pub fn longest_window_ms(&self) -> u64 {
         self.limits.iter().map(|l| l.window_ms).max().unwrap_or(0)
     }
+
+    /// How long a check's request and idempotency records live: while the request counts
+    /// in some window of the scene (a record past the longest window would guard nothing),
+    /// and at most the horizon (`[store] record_horizon_ms`): a duplicate, an idempotent
+    /// retry or a refund comes within minutes, and a record kept for a whole day-long window
+    /// would make every allowed check cost more memory than the window members it adds. At
+    /// least 1 s. Checks and refunds both read it: on Redis it is also the length of a
+    /// generation of the records hash (lua/limits.lua).
+    pub fn record_ttl_ms(&self, record_horizon_ms: u64) -> u64 {
+        self.longest_window_ms().min(record_horizon_ms).max(1000)
+    }
 }
 
 /// A trust event kind's award.

@@ -17,8 +17,9 @@
 //!
 //! The arithmetic is limits.lua's, line for line; `tests/limits_script.rs` runs random
 //! checks across window edges through both and compares every answer and every key.
-//! Layout (KEYS, ARGV): check.lua's header, except that ARGV[5 + i] is limit i's max and
-//! nothing else per limit is sent. The reply is check.lua's in one bulk string:
+//! Layout (KEYS, ARGV): check.lua's header, except that ARGV[6] is the request record's
+//! entries for the fixed windows and buckets (what limits.lua builds from the tags),
+//! ARGV[6 + i] is limit i's max, and nothing else per limit is sent. The reply is check.lua's in one bulk string:
 //! `allow|c1|x1|r1|c2|…` or `deny|…` (count, exceeded 0/1, retry ms per limit), or
 //! `dup|<request id>`; `store::redis::parse_check_reply` reads both forms.
 
@@ -29,7 +30,7 @@ use std::sync::Arc;
 use redis::{Cmd, Script};
 use smallvec::SmallVec;
 
-use super::redis::{CheckCall, CheckLimit, CHECK_LUA};
+use super::redis::{record_entries, CheckCall, CheckLimit, CHECK_LUA};
 use super::EXPIRY_MARGIN_MS;
 use crate::rules::Algorithm;
 
@@ -142,14 +143,16 @@ impl LimitScripts {
     }
 }
 
-/// The EVALSHA of a generated script (its SHA1 `sha`): check.lua's keys and fixed arguments, then each
-/// limit's max.
+/// The EVALSHA of a generated script (its SHA1 `sha`): check.lua's keys and fixed
+/// arguments, the record's entries (`store::redis::record_entries`: every limit a shaped
+/// script gets applies), then each limit's max.
 pub fn command<'l>(
     call: &CheckCall<'_>,
     sha: &str,
     limits: impl ExactSizeIterator<Item = CheckLimit<'l>> + Clone,
 ) -> Cmd {
-    let mut cmd = call.head(sha, limits.clone(), 1);
+    let mut cmd = call.head(sha, limits.clone(), 1 + limits.len());
+    cmd.arg(record_entries(limits.clone()));
     for (_, _, _, max, _) in limits {
         cmd.arg(max);
     }
@@ -222,7 +225,11 @@ impl<'s> Lua<'s> {
                now = tonumber(ARGV[5])\n  \
                if now == nil then return redis.error_reply('limits script: now (ARGV[5]) is not a number') end\n\
              end\n\
-             if (rep == 'r' or rep == 'ri') and redis.call('EXISTS', KEYS[1]) == 1 then return 'dup|' .. rid end\n\
+             if rep == 'r' or rep == 'ri' then\n  \
+               local g = math.floor(now / math.max(tonumber(ARGV[4]) or 0, 1))\n  \
+               if redis.call('HEXISTS', KEYS[1] .. ':' .. string.format('%d', g), rid) == 1\n    \
+                 or redis.call('HEXISTS', KEYS[1] .. ':' .. string.format('%d', g - 1), rid) == 1 then return 'dup|' .. rid end\n\
+             end\n\
              if rep == 'i' or rep == 'ri' then\n  \
                local first = redis.call('GET', KEYS[2])\n  \
                if first then return 'dup|' .. first end\n\
@@ -237,7 +244,7 @@ impl<'s> Lua<'s> {
             self.out,
             "local k{i} = KEYS[{key}]\nlocal m{i} = tonumber(ARGV[{arg}])\nlocal x{i}, r{i} = 0, 0",
             key = 2 + i,
-            arg = 5 + i
+            arg = 6 + i
         );
         match l.algorithm {
             Algorithm::SlidingWindow => {
@@ -375,28 +382,19 @@ impl<'s> Lua<'s> {
     }
 
     fn record_and_reply(&mut self) {
-        // The record names the fixed windows and buckets written (limits.lua's header).
-        let entries: Vec<String> = (1..=self.shape.0.len())
-            .filter(|&i| self.limit(i).same_key_as.is_none())
-            .filter_map(|i| match self.limit(i).algorithm {
-                Algorithm::SlidingWindow => None,
-                Algorithm::FixedWindow => {
-                    Some(format!("[k{i}] = 'f:' .. string.format('%d', s{i})"))
-                }
-                Algorithm::TokenBucket => Some(format!("[k{i}] = 't'")),
-            })
-            .collect();
-        let encoded = if entries.is_empty() {
-            "'{\"k\":{}}'".to_owned()
-        } else {
-            format!("cjson.encode({{k = {{{}}}}})", entries.join(", "))
-        };
+        // The record: when, then the fixed windows and buckets written, which the caller
+        // sends as ARGV[6] (limits.lua's header; the same text limits.lua builds).
         let allow = self.reply("allow", 'a');
+        let margin = EXPIRY_MARGIN_MS;
         let _ = writeln!(
             self.out,
-            "local ttl = math.max(tonumber(ARGV[4]) or 0, 1)\n\
-             redis.call('SET', KEYS[1], {encoded}, 'PX', ttl)\n\
-             if rep == 'i' or rep == 'ri' then redis.call('SET', KEYS[2], rid, 'PX', ttl) end\n\
+            "local gen = math.max(tonumber(ARGV[4]) or 0, 1)\n\
+             local g = math.floor(now / gen)\n\
+             local rq = KEYS[1] .. ':' .. string.format('%d', g)\n\
+             if redis.call('HSET', rq, rid, string.format('%d', now - g * gen) .. ARGV[6], '#', '') == 2 then\n  \
+               redis.call('PEXPIRE', rq, (g + 2) * gen - now + {margin})\n\
+             end\n\
+             if rep == 'i' or rep == 'ri' then redis.call('SET', KEYS[2], rid, 'PX', gen) end\n\
              return {allow}"
         );
     }

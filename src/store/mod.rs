@@ -39,8 +39,12 @@ pub struct LimitOp {
 /// Everything one check asks of the store.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckOp {
-    /// Key of the request record (`<prefix>:<scene>:req:<request_id>`).
+    /// Key of the request record (`<prefix>:<scene>:req:<request_id>`), on the embedded
+    /// store.
     pub record_key: String,
+    /// Where Redis keeps the records of the check's first entity
+    /// (`<prefix>:<scene>:rq:<dim>:<value>`, [`crate::keys::KeySpace::records_key`]).
+    pub records_key: String,
     /// Key of the idempotency record, when the check carries an idempotency key.
     pub idempotency_key: Option<String>,
     pub request_id: String,
@@ -79,7 +83,17 @@ pub enum CheckOutcome {
 /// journals it so a replay refunds exactly the keys computed when the event was accepted.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RefundOp {
+    /// The request's record on the embedded store; on Redis, a record written before
+    /// 2026-12 (one key per request).
     pub record_key: String,
+    /// Where Redis keeps the request's record (`CheckOp::records_key`). Empty in a refund
+    /// journaled before 2026-12: only `record_key` is looked at.
+    #[serde(default)]
+    pub records_key: String,
+    /// The scene's record TTL (`Scene::record_ttl_ms`): on Redis, the length of a
+    /// generation of the records hash. 0 in a refund journaled before 2026-12.
+    #[serde(default)]
+    pub record_ttl_ms: u64,
     pub request_id: String,
     /// The keys the request may have counted in; only those the record names are touched.
     pub keys: Vec<String>,

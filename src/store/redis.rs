@@ -23,6 +23,7 @@ use super::limits_script::LimitScripts;
 use super::redis_link::RedisLink;
 use super::{CheckOp, CheckOutcome, LimitState, RefundOp, StoreError, WindowStore};
 use crate::clock::Clock;
+use crate::keys::legacy_record_key;
 use crate::rules::Algorithm;
 
 /// The check script: `lua/limits.lua` (the limits' arithmetic and recording, shared with
@@ -37,7 +38,9 @@ pub const CHECK_LUA: &str = concat!(
 /// ([`CheckCall::command`], walked twice: keys, then arguments) so that neither caller copies
 /// them into a list first.
 pub struct CheckCall<'a> {
-    pub record_key: &'a str,
+    /// Where the request's record goes: `CheckOp::records_key` (the script appends the
+    /// generation).
+    pub records_key: &'a str,
     pub idempotency_key: Option<&'a str>,
     pub request_id: &'a str,
     pub dry_run: bool,
@@ -54,21 +57,20 @@ pub type CheckLimit<'a> = (&'a str, Algorithm, u64, u64, u64);
 impl CheckCall<'_> {
     /// What check.lua and the scripts made per shape (`store::limits_script`) share: the
     /// EVALSHA of `sha` with every key and the five fixed arguments, with room for
-    /// `per_limit` arguments per limit after them.
+    /// `args_after` arguments after them.
     pub fn head<'l>(
         &self,
         sha: &str,
         limits: impl ExactSizeIterator<Item = CheckLimit<'l>>,
-        per_limit: usize,
+        args_after: usize,
     ) -> Cmd {
         let n_keys = 2 + limits.len();
-        let mut cmd =
-            Cmd::with_capacity(3 + n_keys + 5 + per_limit * limits.len(), 64 * (n_keys + 5));
+        let mut cmd = Cmd::with_capacity(3 + n_keys + 5 + args_after, 64 * (n_keys + 5));
         cmd.arg("EVALSHA").arg(sha).arg(n_keys);
-        // KEYS stay positional: without an idempotency key the record key stands in, and
+        // KEYS stay positional: without an idempotency key the records key stands in, and
         // ARGV[3] tells the script to ignore it.
-        cmd.arg(self.record_key)
-            .arg(self.idempotency_key.unwrap_or(self.record_key));
+        cmd.arg(self.records_key)
+            .arg(self.idempotency_key.unwrap_or(self.records_key));
         for (key, ..) in limits {
             cmd.arg(key);
         }
@@ -89,18 +91,64 @@ impl CheckCall<'_> {
         sha: &str,
         limits: impl ExactSizeIterator<Item = CheckLimit<'l>> + Clone,
     ) -> Cmd {
-        let mut cmd = self.head(sha, limits.clone(), 4);
-        for (_, algorithm, window_ms, max, retain_ms) in limits {
+        let mut cmd = self.head(sha, limits.clone(), 5 * limits.len());
+        for (key, algorithm, window_ms, max, retain_ms) in limits {
             // A zero window would divide by zero in the script; the rule compiler rejects
             // it, this only keeps a bad op from turning into a script error.
             let window_ms = window_ms.max(1);
             cmd.arg(algo_code(algorithm))
                 .arg(window_ms)
                 .arg(max)
-                .arg(retain_ms.max(window_ms));
+                .arg(retain_ms.max(window_ms))
+                .arg(&tag_arg(algorithm, key)[..]);
         }
         cmd
     }
+}
+
+/// How a request record names a fixed window or a token bucket it counted in (what a refund
+/// may undo there; lua/limits.lua): 36 bits of the key's FNV-1a hash as 6 base64url
+/// characters. A record of a four-limit check costs Redis tens of bytes instead of the
+/// keys' names; a refund sends the tags of its candidate keys. Two keys of one refund
+/// sharing a tag is a 2^-36 chance.
+pub fn record_tag(key: &str) -> [u8; 6] {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut h = fnv::FnvHasher::default();
+    std::hash::Hasher::write(&mut h, key.as_bytes());
+    let bits = std::hash::Hasher::finish(&h);
+    std::array::from_fn(|i| ALPHABET[((bits >> (6 * i)) & 63) as usize])
+}
+
+/// A limit's tag argument: its key's [`record_tag`] for a fixed window or a bucket, nothing
+/// for a sliding window (its ZSET holds the request id itself).
+pub(crate) fn tag_arg(algorithm: Algorithm, key: &str) -> SmallTag {
+    match algorithm {
+        Algorithm::SlidingWindow => SmallTag::new(),
+        _ => SmallTag::from_buf(record_tag(key)),
+    }
+}
+
+/// A tag argument: 6 bytes or none, on the stack.
+pub(crate) type SmallTag = smallvec::SmallVec<[u8; 6]>;
+
+/// The record entries of a check's fixed windows and buckets, in limit order, each key
+/// once (`f` or `t`, then its [`record_tag`]): what a script that sends no tag per limit
+/// (the shaped scripts) appends to the record, as limits.lua builds it from the tags.
+pub fn record_entries<'l>(limits: impl Iterator<Item = CheckLimit<'l>> + Clone) -> String {
+    let mut out = String::with_capacity(16);
+    for (i, (key, algorithm, ..)) in limits.clone().enumerate() {
+        let kind = match algorithm {
+            Algorithm::SlidingWindow => continue,
+            Algorithm::FixedWindow => 'f',
+            Algorithm::TokenBucket => 't',
+        };
+        if limits.clone().take(i).any(|(k, ..)| k == key) {
+            continue;
+        }
+        out.push(kind);
+        out.extend(record_tag(key).iter().map(|&b| b as char));
+    }
+    out
 }
 
 /// Which earlier checks a check may repeat, as both scripts' ARGV[3] names them: "r" the
@@ -205,7 +253,7 @@ impl RedisStore {
 impl WindowStore for RedisStore {
     async fn check(&self, op: &CheckOp) -> Result<CheckOutcome, StoreError> {
         let call = CheckCall {
-            record_key: &op.record_key,
+            records_key: &op.records_key,
             idempotency_key: op.idempotency_key.as_deref(),
             request_id: &op.request_id,
             dry_run: op.dry_run,
@@ -224,12 +272,35 @@ impl WindowStore for RedisStore {
     }
 
     async fn refund(&self, op: &RefundOp) -> Result<bool, StoreError> {
+        // refund.lua's layout (its header). A refund journaled before 2026-12 has no
+        // records key, and its record key is the record's own: the script reads only that.
+        // A newer refund also looks where a request counted before an upgrade has its
+        // record.
+        let records = !op.records_key.is_empty() && op.record_ttl_ms > 0;
+        let legacy = if records {
+            legacy_record_key(&op.records_key, &op.request_id)
+        } else {
+            None
+        };
         let mut inv = self.refund_script.prepare_invoke();
-        inv.key(&op.record_key);
+        inv.key(if records {
+            &op.records_key
+        } else {
+            &op.record_key
+        });
+        inv.key(legacy.as_deref().unwrap_or(&op.record_key));
         for key in &op.keys {
             inv.key(key);
         }
-        inv.arg(&op.request_id);
+        inv.arg(&op.request_id)
+            .arg(if records { op.record_ttl_ms } else { 0 });
+        match self.now_arg() {
+            Some(now) => inv.arg(now),
+            None => inv.arg(""),
+        };
+        for key in &op.keys {
+            inv.arg(&record_tag(key)[..]);
+        }
 
         let mut conn = self.link.conn().await?;
         let reply: Value = self.link.run(inv.invoke_async(&mut conn)).await?;
@@ -436,6 +507,35 @@ mod tests {
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_record_names_each_fixed_window_and_bucket_once_by_a_short_tag() {
+        let tag = |k: &str| String::from_utf8(record_tag(k).to_vec()).expect("ASCII");
+        // Six base64url characters, a pure function of the key.
+        assert!(tag("lt:s:fw:ip_60s:ip:10.0.0.1")
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert_eq!(
+            tag("lt:s:fw:ip_60s:ip:10.0.0.1"),
+            tag("lt:s:fw:ip_60s:ip:10.0.0.1")
+        );
+        assert_ne!(
+            tag("lt:s:fw:ip_60s:ip:10.0.0.1"),
+            tag("lt:s:fw:ip_60s:ip:10.0.0.2")
+        );
+        let limits = [
+            ("lt:s:uid:u", Algorithm::SlidingWindow, 1000, 1, 1000),
+            ("lt:s:fw:a:uid:u", Algorithm::FixedWindow, 1000, 1, 1000),
+            ("lt:s:tb:b:uid:u", Algorithm::TokenBucket, 1000, 1, 1000),
+            // A key named twice is written, and recorded, once.
+            ("lt:s:fw:a:uid:u", Algorithm::FixedWindow, 1000, 1, 1000),
+        ];
+        assert_eq!(
+            record_entries(limits.into_iter()),
+            format!("f{}t{}", tag("lt:s:fw:a:uid:u"), tag("lt:s:tb:b:uid:u"))
+        );
+        assert_eq!(record_entries(limits[..1].iter().copied()), "");
     }
 
     #[test]

@@ -39,7 +39,7 @@ use vigia::rules::{Algorithm, Count, Filter};
 use vigia::signal::entity_hash;
 use vigia::signal::signal_cap;
 use vigia::store::embedded::EmbeddedStore;
-use vigia::store::redis::RedisStore;
+use vigia::store::redis::{record_tag, RedisStore};
 use vigia::store::{LimitState, RefundOp, WindowStore, EXPIRY_MARGIN_MS};
 use vigia::trust::{journal, Award, AwardKind, RedisLedger, SledLedger, TrustLedger};
 
@@ -108,10 +108,26 @@ fn record_key(id: &str) -> String {
     format!("{SCENE}:req:{id}")
 }
 
+/// Where Redis keeps the suite's request records (the plans name no entity of their own).
+fn records_key() -> String {
+    format!("{SCENE}:rq:all")
+}
+
+/// The request's record on Redis: a field of the records hash of the generation `at` falls
+/// in (every plan of the suite has a record TTL of an hour).
+fn redis_record(server: &RedisServer, id: &str, at: u64) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(format!("{}:{}", records_key(), at / HOUR))
+        .arg(id)
+        .query(&mut server.conn())
+        .expect("HGET")
+}
+
 /// A check with nothing to read, count or limit.
 fn check(id: &str) -> CheckPlan {
     CheckPlan {
         record_key: record_key(id),
+        records_key: records_key(),
         idempotency_key: None,
         request_id: id.to_string(),
         id_given: true,
@@ -611,6 +627,19 @@ impl Env {
     /// A window-store key is held (limit, request record, idempotency key).
     fn exists(&self, key: &str) -> bool {
         self.window_keys().contains(key)
+    }
+
+    /// The request `id` has a record (it was counted), as of the clock's time: on Redis a
+    /// field of the records hash, on the embedded store a key of its own.
+    fn has_record(&self, id: &str) -> bool {
+        match &self.backend {
+            Backend::Redis { server, .. } => {
+                let now = self.clock.now_ms();
+                redis_record(server, id, now).is_some()
+                    || redis_record(server, id, now - HOUR).is_some()
+            }
+            Backend::Embedded { .. } => self.exists(&record_key(id)),
+        }
     }
 
     /// Members of a sliding window's set (0 when absent).
@@ -1490,13 +1519,14 @@ on_every_decider! {
         for l in &limits {
             assert!(!env.exists(&l.key), "{} was touched by a score deny", l.key);
         }
-        assert!(!env.exists(&record_key("r1")), "no request record");
+        assert!(!env.has_record("r1"), "no request record");
         assert_eq!(env.signal_members("seen").await, 1, "the signal observed it");
 
         env.at(MIN);
         let later = env.judged(&plan("r2")).await;
         assert_eq!(later.facts.new_account, Some(false));
         assert_eq!(allowed(&later), [1, 1, 1], "the first in every window");
+        assert!(env.has_record("r2"), "an allowed request has a record");
         assert_eq!(value(&later, 0), 2);
         // r1 was never counted: sent again, it is a new request, not a repeat.
         assert_eq!(allowed(&env.judged(&plan("r1")).await), [2, 2, 2]);
@@ -1625,7 +1655,7 @@ on_every_decider! {
         );
         assert!(states.iter().all(|s| s.count == 1), "{states:?}");
         assert!(states[1].retry_after_ms > 0);
-        assert!(!env.exists(&record_key("r2")));
+        assert!(!env.has_record("r2"));
         // The others still hold only r1.
         let others = [limits[0].clone(), limits[2].clone(), limits[3].clone()];
         assert_eq!(allowed(&env.judged(&plan("r3", &others)).await), [2, 2, 2]);
@@ -1818,7 +1848,7 @@ on_every_decider! {
     #[tokio::test]
     async fn window_keys_expire_with_their_window_and_then_everything_counts_afresh(env: Env) {
         let first = decide_the_expiring_plans(&env).await;
-        let bound: BTreeMap<String, u64> = expiry_bounds()
+        let bound: BTreeMap<String, u64> = expiry_bounds(&env)
             .into_iter()
             .filter(|(key, _)| !is_signal_or_trust_key(key))
             .collect();
@@ -1878,6 +1908,8 @@ on_every_decider! {
         );
         let refund = RefundOp {
             record_key: record_key("r1"),
+            records_key: records_key(),
+            record_ttl_ms: HOUR,
             request_id: "r1".into(),
             keys: limits.iter().map(|l| l.key.clone()).collect(),
         };
@@ -1934,8 +1966,9 @@ async fn decide_the_expiring_plans(env: &Env) -> Judgement {
     first.expect("six checks")
 }
 
-/// Every key [`decide_the_expiring_plans`] leaves on Redis, and the most it may live.
-fn expiry_bounds() -> BTreeMap<String, u64> {
+/// Every key [`decide_the_expiring_plans`] leaves in `env`'s store, and the most it may
+/// live.
+fn expiry_bounds(env: &Env) -> BTreeMap<String, u64> {
     let m = EXPIRY_MARGIN_MS;
     let mut bound: BTreeMap<String, u64> = [
         (format!("{SCENE}:sg:upd:d1"), 10 * SEC + m),
@@ -1956,8 +1989,15 @@ fn expiry_bounds() -> BTreeMap<String, u64> {
     ]
     .into_iter()
     .collect();
+    if matches!(env.backend, Backend::Redis { .. }) {
+        // The records of all six, in the hash of the hour they fell in: kept until the end
+        // of the next hour (lua/limits.lua).
+        bound.insert(format!("{}:{}", records_key(), t0() / HOUR), 2 * HOUR + m);
+    }
     for i in 0..6 {
-        bound.insert(record_key(&format!("r{i}")), HOUR);
+        if matches!(env.backend, Backend::Embedded { .. }) {
+            bound.insert(record_key(&format!("r{i}")), HOUR);
+        }
         bound.insert(format!("{SCENE}:idem:r{i}"), HOUR);
     }
     bound
@@ -2017,19 +2057,21 @@ async fn decide_on_redis_is_one_evalsha_and_nothing_else() {
 async fn on_redis_only_a_named_request_id_is_looked_up() {
     let env = Env::redis().await;
     let server = env.server();
-    let exists = || server.command_calls().get("exists").copied().unwrap_or(0);
+    let lookups = || server.command_calls().get("hexists").copied().unwrap_or(0);
     let plan = |id: &str| check(id).user("ann").limit(sliding("uid:ann", HOUR, 5));
 
     allowed(&env.judged(&plan("m1").made_id()).await);
     allowed(&env.judged(&plan("m2").made_id()).await);
-    assert_eq!(exists(), 0, "no lookup for ids the service made");
+    assert_eq!(lookups(), 0, "no lookup for ids the service made");
 
+    // A new id is looked for in this generation's records and the last one's.
     allowed(&env.judged(&plan("n1")).await);
-    assert_eq!(exists(), 1);
+    assert_eq!(lookups(), 2);
     assert_eq!(
         env.decide(&plan("n1")).await,
         Decided::Duplicate { of: "n1".into() }
     );
+    assert_eq!(lookups(), 3, "found in this generation's");
     assert_eq!(
         allowed(&env.judged(&plan("n2")).await),
         [4],
@@ -2048,7 +2090,7 @@ async fn decide_on_redis_survives_a_script_flush() {
 async fn on_redis_every_key_is_named_and_expires_within_its_window_and_the_margin() {
     let env = Env::redis().await;
     decide_the_expiring_plans(&env).await;
-    let bound = expiry_bounds();
+    let bound = expiry_bounds(&env);
     let server = env.server();
     let keys: BTreeSet<String> = redis_keys(server).into_iter().collect();
     assert_eq!(keys, bound.keys().cloned().collect::<BTreeSet<_>>());
@@ -2093,16 +2135,20 @@ async fn on_redis_the_request_record_names_the_fixed_windows_and_buckets_written
         .limit(fixed("fw:uid:u", HOUR, 5))
         .limit(bucket("tb:uid:u", HOUR, 5))
         .limit(sliding("new:uid:u", HOUR, 5).only(Filter::NewAccount));
+    env.at(5 * SEC);
     assert_eq!(allowed(&env.judged(&plan).await), [1, 1, 1, 0]);
-    let record = redis_get(env.server(), &record_key("r1")).expect("record");
-    let record: serde_json::Value = serde_json::from_str(&record).expect("json");
+    let now = t0() + 5 * SEC;
+    let record = redis_record(env.server(), "r1", now).expect("record");
+    let tag = |key: &str| String::from_utf8(record_tag(key).to_vec()).expect("ASCII");
     assert_eq!(
         record,
-        serde_json::json!({"k": {
-            format!("{SCENE}:fw:uid:u"): format!("f:{}", t0() - t0() % HOUR),
-            format!("{SCENE}:tb:uid:u"): "t",
-        }}),
-        "only the keys written"
+        format!(
+            "{}f{}t{}",
+            now % HOUR,
+            tag(&format!("{SCENE}:fw:uid:u")),
+            tag(&format!("{SCENE}:tb:uid:u"))
+        ),
+        "when, and only the keys written"
     );
     // A request that counted nowhere, or in sliding windows only, still has a record.
     let nowhere = check("r2")
@@ -2110,16 +2156,18 @@ async fn on_redis_the_request_record_names_the_fixed_windows_and_buckets_written
         .created(long_ago())
         .limit(sliding("new:uid:u", HOUR, 5).only(Filter::NewAccount));
     assert_eq!(allowed(&env.judged(&nowhere).await), [0]);
-    let record = redis_get(env.server(), &record_key("r2")).expect("record");
-    assert_eq!(record, r#"{"k":{}}"#);
+    let record = redis_record(env.server(), "r2", now).expect("record");
+    assert_eq!(record, (now % HOUR).to_string());
     let sliding_only = check("r3").user("u").limit(sliding("uid:u", HOUR, 5));
     assert_eq!(allowed(&env.judged(&sliding_only).await), [2]);
-    let record = redis_get(env.server(), &record_key("r3")).expect("record");
-    assert_eq!(record, r#"{"k":{}}"#);
+    let record = redis_record(env.server(), "r3", now).expect("record");
+    assert_eq!(record, (now % HOUR).to_string());
 
     // Refunded, every key gives its unit back, once.
     let refund = |id: &str| RefundOp {
         record_key: record_key(id),
+        records_key: records_key(),
+        record_ttl_ms: HOUR,
         request_id: id.into(),
         keys: plan.limits.iter().map(|l| l.key.clone()).collect(),
     };
@@ -2150,6 +2198,8 @@ async fn on_redis_a_record_naming_sliding_keys_is_still_refunded() {
     server.command(&["SET", &record_key("r-old"), &record, "PX", "60000"]);
     let refund = RefundOp {
         record_key: record_key("r-old"),
+        records_key: records_key(),
+        record_ttl_ms: HOUR,
         request_id: "r-old".into(),
         keys: vec![key.clone()],
     };

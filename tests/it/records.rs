@@ -22,8 +22,17 @@ fn check(scene: &str, request_id: &str) -> Value {
     json!({"scene": scene, "user_id": "u", "request_id": request_id, "idempotency_key": format!("k-{request_id}")})
 }
 
+/// [`check`] without an idempotency key: on Redis a key's expiry runs on Redis's own clock,
+/// which a test's manual clock does not move.
+fn check_by_id(scene: &str, request_id: &str) -> Value {
+    json!({"scene": scene, "user_id": "u", "request_id": request_id})
+}
+
+/// On Redis a record is a field of its user's records hash for one generation (as long as
+/// the record TTL): the hash expires at the end of the next generation plus the margin, so
+/// a record lives at least the TTL and less than twice it.
 #[actix_web::test]
-async fn on_redis_records_expire_at_the_horizon_or_the_scenes_longest_window() {
+async fn on_redis_records_live_at_least_the_horizon_or_the_scenes_longest_window() {
     let app = spawn_app_configured(RedisServer::start(), &[("r.toml", RULES)], |c| {
         c.store.record_horizon_ms = 30_000;
     })
@@ -31,12 +40,34 @@ async fn on_redis_records_expire_at_the_horizon_or_the_scenes_longest_window() {
     assert_eq!(app.check(check("day", "d1")).await.0, 200);
     assert_eq!(app.check(check("short", "s1")).await.0, 200);
     let mut conn = app.redis.conn();
-    for (key, most) in [
-        ("lt:day:req:d1", 30_000),
-        ("lt:day:idem:k-d1", 30_000),
-        ("lt:short:req:s1", 10_000),
-        ("lt:short:idem:k-s1", 10_000),
-    ] {
+    for (scene, id, ttl) in [("day", "d1", 30_000u64), ("short", "s1", 10_000)] {
+        let hashes: Vec<String> = conn.keys(format!("lt:{scene}:rq:uid:u:*")).expect("KEYS");
+        let [hash] = &hashes[..] else {
+            panic!("one records hash for {scene}, found {hashes:?}")
+        };
+        let generation: u64 = hash.rsplit(':').next().unwrap().parse().expect("a number");
+        let record: String = conn.hget(hash, id).expect("the record");
+        // "<ms since the generation's start>", then the fixed window the short scene names.
+        let digits = record
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap_or("");
+        let since_start: u64 = digits.parse().expect("ms first");
+        let written = generation * ttl + since_start;
+        let expires: i64 = redis::cmd("PEXPIRETIME")
+            .arg(hash)
+            .query(&mut conn)
+            .expect("PEXPIRETIME");
+        let expires = u64::try_from(expires).expect("an expiry");
+        assert_eq!(expires, (generation + 2) * ttl + 1000, "{hash}");
+        assert!(
+            expires - written > ttl && expires - written <= 2 * ttl + 1000,
+            "{hash}: the record lives {} ms, expected ({ttl}, {}]",
+            expires - written,
+            2 * ttl + 1000
+        );
+    }
+    for (key, most) in [("lt:day:idem:k-d1", 30_000), ("lt:short:idem:k-s1", 10_000)] {
         let ttl: i64 = conn.pttl(key).expect("PTTL");
         assert!(
             ttl > 0 && ttl <= most,
@@ -48,29 +79,35 @@ async fn on_redis_records_expire_at_the_horizon_or_the_scenes_longest_window() {
     assert!(ttl > 86_000_000, "the day window's key lives {ttl} ms");
 }
 
-#[actix_web::test]
-async fn past_the_horizon_the_same_id_is_a_new_request_and_within_it_a_repeat() {
+/// Within the horizon a repeat counts once; once the record is gone (the embedded store:
+/// at the horizon; Redis: `past_ms`, twice the horizon) the same id is a new request, with
+/// a record of its own that a refund finds. `body`: the check's body for an id.
+async fn past_the_horizon_the_same_id_is_a_new_request(
+    backend: StoreBackend,
+    past_ms: u64,
+    body: fn(&str, &str) -> Value,
+) {
     let clock = ManualClock::new(START_MS);
     let app = spawn_app_on_clock(
         RedisServer::start(),
         &[("r.toml", RULES)],
         |c| {
-            c.store.backend = StoreBackend::Embedded;
+            c.store.backend = backend;
             c.store.record_horizon_ms = 60_000;
         },
         Arc::new(clock.clone()),
     )
     .await;
-    let (status, first) = app.check(check("day", "d1")).await;
+    let (status, first) = app.check(body("day", "d1")).await;
     assert_eq!(
         (status, first["limits"][0]["count"].as_u64()),
         (200, Some(1))
     );
     clock.advance(59_000);
-    let (_, repeat) = app.check(check("day", "d1")).await;
+    let (_, repeat) = app.check(body("day", "d1")).await;
     assert_eq!(repeat["duplicate_of"], "d1", "{repeat}");
-    clock.advance(2_000);
-    let (status, again) = app.check(check("day", "d1")).await;
+    clock.set(START_MS + past_ms);
+    let (status, again) = app.check(body("day", "d1")).await;
     assert_eq!(status, 200);
     assert_eq!(again["duplicate_of"], Value::Null, "{again}");
     assert_eq!(
@@ -82,4 +119,42 @@ async fn past_the_horizon_the_same_id_is_a_new_request_and_within_it_a_repeat() 
     let resp = app.post("/v1/refund", &refund).await;
     let answer: Value = resp.json().await.expect("JSON");
     assert_eq!(answer, json!({"refunded": true}));
+}
+
+#[actix_web::test]
+async fn embedded_past_the_horizon_the_same_id_is_a_new_request_and_within_it_a_repeat() {
+    past_the_horizon_the_same_id_is_a_new_request(StoreBackend::Embedded, 61_000, check).await;
+}
+
+#[actix_web::test]
+async fn on_redis_past_twice_the_horizon_the_same_id_is_a_new_request_and_within_it_a_repeat() {
+    past_the_horizon_the_same_id_is_a_new_request(StoreBackend::Redis, 120_000, check_by_id).await;
+}
+
+/// A request id repeats for the entity it was counted under (the user here) only: another
+/// user's check naming it is counted as a request of its own, not answered as a repeat
+/// (which would allow it without counting anything).
+async fn a_request_id_repeats_only_for_its_own_user(backend: StoreBackend) {
+    let app = spawn_app_configured(RedisServer::start(), &[("r.toml", RULES)], |c| {
+        c.store.backend = backend;
+    })
+    .await;
+    let by = |user: &str| json!({"scene": "day", "user_id": user, "request_id": "shared-id"});
+    let (_, first) = app.check(by("ann")).await;
+    assert_eq!(first["limits"][0]["count"], 1, "{first}");
+    let (_, other) = app.check(by("bob")).await;
+    assert_eq!(other["duplicate_of"], Value::Null, "{other}");
+    assert_eq!(other["limits"][0]["count"], 1, "counted for bob: {other}");
+    let (_, again) = app.check(by("ann")).await;
+    assert_eq!(again["duplicate_of"], "shared-id", "{again}");
+}
+
+#[actix_web::test]
+async fn embedded_a_request_id_repeats_only_for_its_own_user() {
+    a_request_id_repeats_only_for_its_own_user(StoreBackend::Embedded).await;
+}
+
+#[actix_web::test]
+async fn on_redis_a_request_id_repeats_only_for_its_own_user() {
+    a_request_id_repeats_only_for_its_own_user(StoreBackend::Redis).await;
 }

@@ -49,6 +49,26 @@ async fn a_restart_keeps_every_window_record_and_idempotency_key() {
     assert_eq!(counts(store.as_ref(), &limits).await, [0, 0, 0]);
 }
 
+/// A request counted before 2026-12 has its record under `<prefix>:<scene>:req:<id>`, not
+/// under its entity: a refund made after the upgrade still finds it there, once.
+#[tokio::test]
+async fn a_request_counted_before_records_moved_to_their_entity_is_still_refunded() {
+    let clock = ManualClock::new(T0);
+    let store = EmbeddedStore::in_memory(Arc::new(clock.clone()));
+    let limits = [
+        sliding("lt:test:uid:old", 10 * SEC, 3),
+        fixed("lt:test:fw:ip:old", 10 * SEC, 3),
+    ];
+    let mut before = op("old", &limits);
+    before.record_key = "lt:test:req:old".into();
+    allowed(store.as_ref(), &before).await;
+    let refund = refund_op("old", &limits);
+    assert_ne!(refund.record_key, before.record_key);
+    assert!(store.refund(&refund).await.expect("refund"));
+    assert_eq!(counts(store.as_ref(), &limits).await, [0, 0]);
+    assert!(!store.refund(&refund).await.expect("refund"), "once");
+}
+
 #[tokio::test]
 async fn state_expired_while_down_is_not_loaded() {
     let dir = tempfile::tempdir().unwrap();

@@ -48,6 +48,7 @@ use async_trait::async_trait;
 
 use super::{CheckOp, CheckOutcome, LimitOp, LimitState, RefundOp, StoreError, WindowStore};
 use crate::clock::Clock;
+use crate::keys::legacy_record_key;
 use crate::rules::Algorithm;
 use entry::{Entry, KeyHash, Tag};
 use journal::Journal;
@@ -527,14 +528,24 @@ impl EmbeddedStore {
 
     fn refund_now(&self, op: &RefundOp) -> Result<bool, StoreError> {
         let now = self.clock.now_ms();
+        // Where a request counted before an upgrade has its record (keys::legacy_record_key).
+        let legacy = legacy_record_key(&op.records_key, &op.request_id);
         let mut keys: Vec<&str> = vec![&op.record_key];
+        keys.extend(legacy.as_deref());
         keys.extend(op.keys.iter().map(String::as_str));
         let mut locked = self.lock_keys(&keys);
-        let Some(Entry::Record {
-            keys: counted,
-            expires_at,
-        }) = locked.live(&op.record_key, now).cloned()
-        else {
+        let mut record = None;
+        for key in std::iter::once(&op.record_key).chain(legacy.as_ref()) {
+            if let Some(Entry::Record {
+                keys: counted,
+                expires_at,
+            }) = locked.live(key, now).cloned()
+            {
+                record = Some((key, counted, expires_at));
+                break;
+            }
+        }
+        let Some((record_key, counted, expires_at)) = record else {
             return Ok(false);
         };
         let mut remaining = counted.clone();
@@ -595,7 +606,7 @@ impl EmbeddedStore {
         // Undone keys leave the record; the record stays (its id is still a duplicate).
         if remaining.len() != counted.len() {
             writes.push(Op::Put {
-                key: op.record_key.clone(),
+                key: record_key.clone(),
                 entry: Entry::Record {
                     keys: remaining,
                     expires_at,
