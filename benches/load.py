@@ -21,8 +21,10 @@ Each row: a fresh service process, a 2 s warm-up with the row's wrk script, FLUS
 peer's script. CPU per request is utime + stime from /proc/PID/stat (the service's whole
 process tree, redis-server) or getrusage (wrk) over the measured run, divided by the
 requests wrk completed. Bytes per allowed check (2xx): Redis `INFO memory` used_memory at
-the end of the run minus after the FLUSHALL; embedded: the service's VmRSS growth and the
-data folder's growth (file sizes) over the run. Both are what is still held at the end, so
+the end of the run minus after the FLUSHALL, and for the redis row `MEMORY USAGE` of every
+key summed into request records and windows (issue 13: records within what the windows
+hold); embedded: the service's VmRSS growth and the data folder's growth (file sizes) over
+the run. Both are what is still held at the end, so
 a run shorter than a window shows less than the window would hold.
 
 wrk-check.lua seeds each wrk thread with the same os.time(), so the threads send the same
@@ -245,6 +247,23 @@ class Redis:
     def flushall(self) -> None:
         self.cli("FLUSHALL", "SYNC")
 
+    def memory_by_kind(self) -> dict[str, int]:
+        """MEMORY USAGE of every key, summed by kind: request records (`:rq:` hashes, `:req:`
+        keys before 2026-12) and the windows (everything else the bench scene writes)."""
+        keys = subprocess.run(["redis-cli", "-p", str(self.port), "--scan"], check=True,
+                              capture_output=True, text=True).stdout.split()
+        usage = subprocess.run(["redis-cli", "-p", str(self.port)], check=True,
+                               input="".join(f"MEMORY USAGE {k}\n" for k in keys),
+                               capture_output=True, text=True).stdout.splitlines()
+        # A key that expired since the scan answers nil, an empty line.
+        if len(usage) != len(keys):
+            raise BenchError(f"MEMORY USAGE answered {len(usage)} times for {len(keys)} keys")
+        kinds: dict[str, int] = {"records": 0, "windows": 0}
+        for key, used in zip(keys, usage):
+            kind = "records" if (":rq:" in key or ":req:" in key) else "windows"
+            kinds[kind] += int(used) if used.isdigit() else 0
+        return kinds
+
     def used_memory(self) -> int:
         m = re.search(r"^used_memory:(\d+)", self.cli("INFO", "memory"), re.M)
         if not m:
@@ -370,6 +389,9 @@ class Bench:
             if row.allowed > 0:
                 if uses_redis:
                     row.memory["redis"] = (self.redis.used_memory() - mem0) / row.allowed
+                if name == "redis":
+                    for kind, used in self.redis.memory_by_kind().items():
+                        row.memory[kind] = used / row.allowed
                 if data_dir:
                     row.memory["rss"] = (rss_bytes(svc.pid) - rss0) / row.allowed
                     row.memory["data"] = (dir_bytes(data_dir) - disk0) / row.allowed
@@ -400,10 +422,13 @@ def report(rows: dict[str, Row], args: argparse.Namespace) -> None:
     mem = [r for r in rows.values() if r.memory]
     if mem:
         print("\nbytes per allowed check (2xx), held at the end of the run")
-        print(f"{'row':<16} {'allowed':>9} {'redis B':>9} {'RSS B':>9} {'data B':>9}")
+        print(f"{'row':<16} {'allowed':>9} {'redis B':>9} {'RSS B':>9} {'data B':>9} "
+              f"{'records B':>10} {'windows B':>10}")
         for r in mem:
             print(f"{r.name:<16} {r.allowed:>9} {fmt(r.memory.get('redis'), '.0f'):>9} "
-                  f"{fmt(r.memory.get('rss'), '.0f'):>9} {fmt(r.memory.get('data'), '.0f'):>9}")
+                  f"{fmt(r.memory.get('rss'), '.0f'):>9} {fmt(r.memory.get('data'), '.0f'):>9} "
+                  f"{fmt(r.memory.get('records'), '.0f'):>10} "
+                  f"{fmt(r.memory.get('windows'), '.0f'):>10}")
 
     ratios = [(n, r, rows[PEER_OF[n]]) for n, r in rows.items()
               if PEER_OF[n] in rows and PEER_OF[n] != n]
