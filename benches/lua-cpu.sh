@@ -56,24 +56,25 @@ sha=$(redis-cli -p "$port" -x SCRIPT LOAD <"$tmp/script.lua")
 # standing in as the record key) and 22 fixed args, 7 per limit; later ones send only the
 # blocks a check uses: the record key, 9 fixed args, 5 per limit. Since the records moved
 # into hashes per entity (lua/limits.lua, "records") the first key is the user's records
-# key and each limit also sends its tag (the shaped script: ARGV[6], the record's entries).
-# The header tells which.
+# key, check.lua's and the shaped scripts' second key (the idempotency key) gave way to
+# ARGV[6] (its field, "" without one), and each limit also sends its tag (the shaped
+# script: ARGV[7], the record's entries). The header tells which.
 if grep -q 'HEXISTS' "$tmp/script.lua"; then
-  rec=lt:bench:rq:uid:__rand_int__; tag=(AAAAAA); entries=(fBBBBBBfCCCCCC)
+  rec=lt:bench:rq:uid:__rand_int__; head=("$rec"); idem=(""); tag=(AAAAAA); entries=(fBBBBBBfCCCCCC)
 else
-  rec=lt:bench:req:__rand_int__; tag=(); entries=()
+  rec=lt:bench:req:__rand_int__; head=("$rec" "$rec"); idem=(); tag=(); entries=()
 fi
 if [ "$script" = shaped ]; then
-  # A shaped script: check.lua's keys and 5 fixed args, then only each limit's max.
-  head_keys=("$rec" "$rec")
-  head_args=(__rand_int__ 0 "" 10000 "" "${entries[@]}")
+  # A shaped script: check.lua's keys and fixed args, then only each limit's max.
+  head_keys=("${head[@]}")
+  head_args=(__rand_int__ 0 "" 10000 "" "${idem[@]}" "${entries[@]}")
   per_limit=()
 elif [ "$script" = check ]; then
-  # check.lua: the record key, the idempotency key's place (the record again), the limit
-  # keys; 5 fixed args ("" for ARGV[3]: a service-made id, no idempotency key), 4 per limit
-  # (5 with the tag).
-  head_keys=("$rec" "$rec")
-  head_args=(__rand_int__ 0 "" 10000 "")
+  # check.lua: the record key (and, before, the idempotency key's place), the limit keys;
+  # the fixed args ("" for ARGV[3]: a service-made id, no idempotency key), 4 per limit (5
+  # with the tag).
+  head_keys=("${head[@]}")
+  head_args=(__rand_int__ 0 "" 10000 "" "${idem[@]}")
   per_limit=("${tag[@]}")
 elif grep -q '^ARGV\[22\]' "$tmp/script.lua"; then
   head_keys=("$rec" "$rec" "$rec" "$rec" "$rec")

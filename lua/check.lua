@@ -15,20 +15,20 @@ keys.
 KEYS[1]    records key (<prefix>:<scene>:rq:<dim>:<value>, the check's first entity): the
            request's record goes to a hash of it per generation (limits.lua), holding,
            for refund.lua, what this request added where
-KEYS[2]    idempotency key; the records key again when the check carries none (no "i" in
-           ARGV[3]), so that KEYS stays positional
-KEYS[2+i]  the key of limit i, in the order of the limits. Sliding limits over the same
+KEYS[1+i]  the key of limit i, in the order of the limits. Sliding limits over the same
            dimensions share one ZSET, so a key may appear more than once
 
 ARGV[1]    request id (the ZSET member)
 ARGV[2]    dry run: "1" decides and writes nothing, "0" records
 ARGV[3]    the repeats to look for, as decide.lua's: "r" the request's record (the caller
-           named the request id), "i" the idempotency key, "ri" both, "" neither
-ARGV[4]    record TTL, ms: the idempotency key's TTL and the request records' generation
-           (a record lives at least this long and less than twice it)
+           named the request id), "i" the idempotency key (ARGV[6]), "ri" both, "" neither
+ARGV[4]    record TTL, ms: the request records' generation (a record lives at least this
+           long and less than twice it)
 ARGV[5]    now in ms, or "" to read Redis TIME (production: every node agrees on the time;
            tests inject a manual clock here)
-ARGV[6+5*(i-1) .. 10+5*(i-1)], for limit i:
+ARGV[6]    the idempotency record's field in the records hash ("i:<key>"), or "" without
+           an idempotency key
+ARGV[7+5*(i-1) .. 11+5*(i-1)], for limit i:
            algorithm ("s" sliding window, "f" fixed window, "t" token bucket),
            window_ms, max, retain_ms (sliding: the longest window sharing the key), tag
            (fixed window, bucket: how the record names the key; "" for sliding)
@@ -41,7 +41,7 @@ Reply, a flat array:
   Token buckets report tokens spent (capacity minus tokens left, rounded up).
   exceeded: 1 or 0. retry_after_ms: ms until that limit admits one more (0 when not exceeded).
 
-Stored shapes (limit keys, the request record, the idempotency key) and expiries: see
+Stored shapes (limit keys, the request and idempotency records) and expiries: see
 limits.lua.
 ]]
 
@@ -50,18 +50,18 @@ local dry_run = ARGV[2] == '1'
 local has_idem = ARGV[3] == 'i' or ARGV[3] == 'ri'
 local by_id = ARGV[3] == 'r' or ARGV[3] == 'ri'
 local record_ttl = math.max(tonumber(ARGV[4]) or 0, 1)
-local idem_key = nil
+local idem_field = nil
 if has_idem then
-  idem_key = KEYS[2]
+  idem_field = ARGV[6]
 end
 
 -- Every limit, checked before anything is read or written.
-local n = #KEYS - 2
+local n = #KEYS - 1
 local limits = {}
 for i = 1, n do
-  local base = 6 + 5 * (i - 1)
+  local base = 7 + 5 * (i - 1)
   local l = {
-    key = KEYS[2 + i],
+    key = KEYS[1 + i],
     algo = ARGV[base],
     window = tonumber(ARGV[base + 1]),
     max = tonumber(ARGV[base + 2]),
@@ -82,7 +82,7 @@ if now == nil then
   return redis.error_reply('check.lua: now (ARGV[5]) is not a number')
 end
 
-local first = counted_before(KEYS[1], record_ttl, now, request_id, by_id, idem_key)
+local first = counted_before(KEYS[1], record_ttl, now, request_id, by_id, idem_field)
 if first then
   return {'dup', first, 0}
 end
@@ -105,7 +105,7 @@ if dry_run then
   return reply('allow', true)
 end
 
--- Phase 2: add to every key, write the request record and the idempotency key.
-limits_record(limits, now, request_id, KEYS[1], idem_key, record_ttl)
+-- Phase 2: add to every key, write the request and idempotency records.
+limits_record(limits, now, request_id, KEYS[1], idem_field, record_ttl)
 
 return reply('allow', true)

@@ -7,7 +7,7 @@ decider (src/decide/redis.rs) runs it after limits.lua, which defines the limits
 and recording, shared with check.lua (the window store's script).
 
 A block the check has no use for is not sent (each argument and key costs Redis a parse
-and a Lua string): the idempotency key only with one, the trust keys and arguments only
+and a Lua string): the idempotency field only with one, the trust keys and arguments only
 with [trust], the score's arguments only with [score]. Within the trust and signal blocks
 an absent optional key is replaced by the records key (KEYS[1]) and an ARGV flag says so;
 the script never touches a stand-in.
@@ -16,7 +16,6 @@ KEYS, in this order:
   the records key (<prefix>:<scene>:rq:<dim>:<value>, the check's first entity): the
                request's record goes to a hash of it per generation (limits.lua),
                holding, for refund.lua, what this request added to which limit key
-  the idempotency key, when ARGV[3] has an "i"
   with [trust] (ARGV[6] = "1"), three keys: the user's trust points ZSET, the user's first
                sighting, the device's first sighting (each the records key when its flag
                says it is absent)
@@ -29,10 +28,10 @@ ARGV[1]        request id
 ARGV[2]        dry run: "1" decides and writes nothing at all (no sighting, no signal, no
                limit, no trim), "0" records
 ARGV[3]        the repeats to look for: "r" the request's record (the caller named the
-               request id), "i" the idempotency key (the second key), "ri" both, ""
+               request id), "i" the idempotency key (ARGV[10]), "ri" both, ""
                neither (a request id the service made, no idempotency key)
-ARGV[4]        record TTL, ms: the idempotency key's TTL and the request records'
-               generation (a record lives at least this long, less than twice it)
+ARGV[4]        record TTL, ms: the request records' generation (a record lives at least
+               this long, less than twice it)
 ARGV[5]        now in ms, or "" to read Redis TIME
 ARGV[6]        "1" when the rule set has [trust]; "0": no points (0), ages unknown, and
                the trust block is not sent
@@ -40,6 +39,8 @@ ARGV[7]        "1" when the scene has [score]; "0": the score is 0 and denies no
                the score block is not sent
 ARGV[8]        S, the number of signals
 ARGV[9]        L, the number of limits
+then, with an idempotency key ("i" in ARGV[3]), 1: the idempotency record's field in the
+               records hash ("i:<key>")
 then, with [trust], 11:
                "1" when the points key is real (there is a user), "1" when the user's
                sighting key is real (there is a user), "1" when the device's sighting key
@@ -121,8 +122,8 @@ Stored shapes (besides limits.lua's limits and records: refund.lua reads them):
   last user  STRING "<ms>:<member>": the last user's hash and when it was set (the time
              decides whether it is remembered; the expiry only cleans up)
 Every key this script writes expires: signal keys window + margin after their last write,
-limit keys as limits.lua says, sightings seen TTL after the last, records as limits.lua says,
-the idempotency key ARGV[4].
+limit keys as limits.lua says, sightings seen TTL after the last, records as limits.lua
+says.
 ]]
 
 -- EPS, MARGIN, int(): limits.lua.
@@ -206,10 +207,10 @@ end
 -- argument and key costs Redis a parse and a Lua string).
 local a = 10
 local k = 2
-local idem_key = nil
+local idem_field = nil
 if has_idem then
-  idem_key = KEYS[2]
-  k = 3
+  idem_field = ARGV[10]
+  a = 11
 end
 
 local trust = nil
@@ -330,7 +331,7 @@ if now == nil then
 end
 
 -- The same request id twice counts once; the same idempotency key names the first request.
-local first = counted_before(KEYS[1], record_ttl, now, request_id, by_id, idem_key)
+local first = counted_before(KEYS[1], record_ttl, now, request_id, by_id, idem_field)
 if first then
   return { 'dup', first }
 end
@@ -690,7 +691,7 @@ if dry_run then
 end
 
 -- Phase 2: the applying limits, the request record (it names only the keys written: what
--- refund.lua may undo) and the idempotency key.
-limits_record(limits, now, request_id, KEYS[1], idem_key, record_ttl)
+-- refund.lua may undo) and the idempotency record.
+limits_record(limits, now, request_id, KEYS[1], idem_field, record_ttl)
 
 return reply('allow', true, true)

@@ -2,7 +2,7 @@
 limits.lua: the limits of a check on Redis, defined once: how a sliding window, a fixed
 window and a token bucket are counted and decided (phase 1), and how a request is
 recorded in them, with their expiries, its request record for refund.lua and its
-idempotency key (phase 2).
+idempotency record (phase 2).
 
 Not a script of its own: it is prepended to check.lua (src/store/redis.rs) and to
 decide.lua (src/decide/redis.rs) at compile time, and Redis loads, hashes and runs the
@@ -44,18 +44,20 @@ Stored shapes (refund.lua reads them):
            there (a fixed window only while its start is not after the request). A sliding
            ZSET is not named: its member is the request id, so refund.lua removes the id
            from the caller's candidate ZSETs, which touches nothing this request did not
-           add. Field "#" (empty) marks a hash as made: HSET answers 2 only for a new
-           hash, which then gets its expiry, the end of generation g + 1 plus MARGIN. So a
-           record lives at least record_ttl and less than twice it, and a repeat is looked
-           for in generations g and g - 1. Why a hash per entity and generation rather
-           than a key per request: a key with an expiry costs Redis ~200 B, more than the
-           window members a check adds; a field of a small hash costs its own bytes.
+           add. A check with an idempotency key also writes field "i:<key>" = the request
+           id that was counted, in the same hash. Field "#" (empty) marks a hash as made:
+           HSET answers one more than the fields a check adds only for a new hash, which
+           then gets its expiry, the end of generation g + 1 plus MARGIN. So a record lives
+           at least record_ttl and less than twice it, and a repeat is looked for in
+           generations g and g - 1. Why a hash per entity and generation rather than a key
+           per request: a key with an expiry costs Redis ~200 B, more than the window
+           members a check adds; a field of a small hash costs its own bytes.
            (Records written before 2026-12 were a STRING per request, cjson
-           {"k": {<key>: "f:<start>" | "t" | "z"}}; refund.lua still reads them.)
-  idem     STRING the request id that was counted
+           {"k": {<key>: "f:<start>" | "t" | "z"}}, and an idempotency key a STRING of its
+           own; refund.lua still reads such records.)
 Expiries: a sliding ZSET the longest retain naming it + MARGIN after its newest member, a
 fixed window HASH MARGIN after the window's end, a bucket MARGIN after it is full again;
-records as above; the idempotency key the record TTL the caller gives.
+records as above.
 ]]
 
 -- Tolerance for float drift in token arithmetic: tokens are stored as decimal text and
@@ -93,18 +95,20 @@ end
 -- The same request id twice counts once; the same idempotency key names the first request.
 -- Returns the request id that was counted, or nil when this request is new. by_id: false
 -- when the service made the request id for this check (a fresh ULID cannot have been
--- counted: no lookup). idem_key: nil when the check carries none. record_ttl: the
--- generation's length.
-local function counted_before(records_key, record_ttl, now, request_id, by_id, idem_key)
-  if by_id then
-    local g = math.floor(now / record_ttl)
-    if redis.call('HEXISTS', records_hash(records_key, g), request_id) == 1
-      or redis.call('HEXISTS', records_hash(records_key, g - 1), request_id) == 1 then
-      return request_id
-    end
+-- counted: no lookup). idem_field: "i:<key>", nil when the check carries no idempotency
+-- key. record_ttl: the generation's length.
+local function counted_before(records_key, record_ttl, now, request_id, by_id, idem_field)
+  if not (by_id or idem_field) then
+    return nil
   end
-  if idem_key then
-    local first = redis.call('GET', idem_key)
+  local g = math.floor(now / record_ttl)
+  local this, last = records_hash(records_key, g), records_hash(records_key, g - 1)
+  if by_id and (redis.call('HEXISTS', this, request_id) == 1
+      or redis.call('HEXISTS', last, request_id) == 1) then
+    return request_id
+  end
+  if idem_field then
+    local first = redis.call('HGET', this, idem_field) or redis.call('HGET', last, idem_field)
     if first then
       return first
     end
@@ -205,9 +209,9 @@ end
 
 -- Phase 2, only when no limit is exceeded and not a dry run (all-or-nothing: one exceeded
 -- limit and nothing is recorded anywhere): adds the request to every applying limit, then
--- writes its request record and, with idem_key (nil when the check carries none), the
--- idempotency key (for record_ttl ms).
-local function limits_record(limits, now, request_id, records_key, idem_key, record_ttl)
+-- writes its request record and, with idem_field (nil when the check carries none), its
+-- idempotency record.
+local function limits_record(limits, now, request_id, records_key, idem_field, record_ttl)
   -- A key named twice (sliding limits sharing a ZSET) is written once; its expiry follows
   -- the longest retain among the applying limits naming it.
   local record = {}
@@ -258,10 +262,14 @@ local function limits_record(limits, now, request_id, records_key, idem_key, rec
   local g = math.floor(now / record_ttl)
   local start = g * record_ttl
   local hash = records_hash(records_key, g)
-  if redis.call('HSET', hash, request_id, int(now - start) .. table.concat(record), '#', '') == 2 then
-    redis.call('PEXPIRE', hash, start + 2 * record_ttl - now + MARGIN)
+  local value = int(now - start) .. table.concat(record)
+  local added
+  if idem_field then
+    added = redis.call('HSET', hash, request_id, value, idem_field, request_id, '#', '') - 2
+  else
+    added = redis.call('HSET', hash, request_id, value, '#', '') - 1
   end
-  if idem_key then
-    redis.call('SET', idem_key, request_id, 'PX', record_ttl)
+  if added == 1 then
+    redis.call('PEXPIRE', hash, start + 2 * record_ttl - now + MARGIN)
   end
 end

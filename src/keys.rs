@@ -4,9 +4,10 @@
 //!
 //! `<prefix>:<scene>:<dim>:<value>[:<dim>:<value>…]` for sliding windows,
 //! `<prefix>:<scene>:fw:<limit>:<dims…>` and `<prefix>:<scene>:tb:<limit>:<dims…>` for
-//! fixed windows and token buckets, `<prefix>:<scene>:rq:<dim>:<value>` (on Redis) or
-//! `<prefix>:<scene>:req:<dim>:<value>:<id>` (embedded) and `<prefix>:<scene>:idem:<key>`
-//! for the request and idempotency records.
+//! fixed windows and token buckets; the request and idempotency records of a check's first
+//! entity in `<prefix>:<scene>:rq:<dim>:<value>` (on Redis, a hash per generation), or
+//! `<prefix>:<scene>:req:<dim>:<value>:<id>` and `<prefix>:<scene>:idem:<dim>:<value>:<key>`
+//! (embedded).
 //!
 //! Values are percent-encoded: every byte outside `[A-Za-z0-9._@-]` becomes `%XX`, `%`
 //! included. The encoding is injective, and an encoded value contains no `:`, `{`, `}`,
@@ -280,10 +281,15 @@ impl KeySpace<'_> {
         k
     }
 
-    /// The record of one idempotency key.
-    pub fn idempotency_key(&self, key: &str) -> String {
+    /// The record of one idempotency key on the embedded store, under the check's first
+    /// entity as its request record: `<prefix>:<scene>:idem:<dim>:<value>:<key>`. On Redis
+    /// it is a field of the entity's records hash named by the last segment
+    /// (`store::redis::idempotency_field`).
+    pub fn idempotency_key(&self, values: &DimensionValues, key: &str) -> String {
         let mut k = self.base();
-        k.push_str(":idem:");
+        k.push_str(":idem");
+        push_first_entity(&mut k, values);
+        k.push(':');
         encode_into(&mut k, key);
         k
     }
@@ -375,6 +381,10 @@ mod tests {
             );
         }
         assert_eq!(legacy_record_key("lt:coupon_claim:uid:1", "r1"), None);
+        assert_eq!(
+            KS.idempotency_key(&values("10086"), "k:1"),
+            "lt:coupon_claim:idem:uid:10086:k%3A1"
+        );
         assert_eq!(
             KS.record_key(&values("10086"), "r1"),
             "lt:coupon_claim:req:uid:10086:r1"

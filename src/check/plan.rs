@@ -59,7 +59,7 @@ pub fn plan(
         idempotency_key: req
             .idempotency_key
             .as_deref()
-            .map(|k| ks.idempotency_key(k)),
+            .map(|k| ks.idempotency_key(values, k)),
         request_id: req.request_id.clone(),
         id_given: req.id_given,
         record_ttl_ms: scene.record_ttl_ms(record_horizon_ms),

@@ -23,7 +23,7 @@ use crate::signal::member_of;
 use crate::signal::MAX_CAP;
 use crate::store::limits_script::LimitScripts;
 use crate::store::redis::{
-    algo_code, parse_check_reply, repeats, tag_arg, CheckCall, STARTUP_MIN_MS,
+    algo_code, idempotency_field, parse_check_reply, repeats, tag_arg, CheckCall, STARTUP_MIN_MS,
 };
 use crate::store::redis_link::RedisLink;
 use crate::store::{CheckOutcome, LimitState, StoreError};
@@ -265,11 +265,11 @@ fn opt<T: ToRedisArgs>(cmd: &mut Cmd, x: Option<T>) {
 fn invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> Cmd {
     let trust = plan.trust.as_ref();
     let n_keys = 1
-        + usize::from(plan.idempotency_key.is_some())
         + if trust.is_some() { TRUST_KEYS } else { 0 }
         + KEYS_PER_SIGNAL * plan.signals.len()
         + plan.limits.len();
     let n_args = FIXED_ARGS
+        + usize::from(plan.idempotency_key.is_some())
         + trust.map_or(0, |_| TRUST_ARGS)
         + plan.score.as_ref().map_or(0, |_| SCORE_ARGS)
         + ARGS_PER_SIGNAL * plan.signals.len()
@@ -278,9 +278,6 @@ fn invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> Cmd {
     cmd.arg("EVALSHA").arg(sha).arg(n_keys);
 
     cmd.arg(&plan.records_key);
-    if let Some(idem) = &plan.idempotency_key {
-        cmd.arg(idem);
-    }
     if let Some(t) = trust {
         cmd.arg(or_record(&t.points_key, plan))
             .arg(or_record(&t.user_seen_key, plan))
@@ -304,6 +301,9 @@ fn invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> Cmd {
         .arg(flag(plan.score.is_some()))
         .arg(plan.signals.len())
         .arg(plan.limits.len());
+    if let Some(idem) = &plan.idempotency_key {
+        cmd.arg(idempotency_field(idem));
+    }
     if let Some(t) = trust {
         cmd.arg(flag(t.points_key.is_some()))
             .arg(flag(t.user_seen_key.is_some()))
@@ -759,13 +759,15 @@ mod tests {
                 &tag
             ]
         );
+        // An idempotency key is a field of the records hash, sent after the counts.
         let idem = CheckPlan {
-            idempotency_key: Some("p:s:idem:k".into()),
+            idempotency_key: Some("p:s:idem:all:k".into()),
             ..bare
         };
         let (keys, args) = sent(&idem, None);
-        assert_eq!(keys, ["p:s:rq:all", "p:s:idem:k", "p:s:fw:f:uid:u"]);
+        assert_eq!(keys, ["p:s:rq:all", "p:s:fw:f:uid:u"]);
         assert_eq!(args[2], "ri");
+        assert_eq!(&args[8..11], ["1", "i:k", "f"]);
         let made = CheckPlan {
             id_given: false,
             ..idem
@@ -806,8 +808,7 @@ mod tests {
             [
                 "EVALSHA",
                 script.get_hash(),
-                "4",
-                "p:s:rq:all",
+                "3",
                 "p:s:rq:all",
                 "p:s:uid:u",
                 "p:s:unt:uid:u",
@@ -815,6 +816,8 @@ mod tests {
                 "0",
                 "r",
                 "10000",
+                "",
+                // No idempotency key.
                 "",
                 // The record's entries: none for sliding windows.
                 "",
@@ -829,7 +832,7 @@ mod tests {
         };
         let (script, cmd, _) = limits_invocation(&scripts, &many, None);
         assert_eq!(script.get_hash(), check_lua.get_hash());
-        assert_eq!(words(&cmd).len(), 3 + 2 + 17 + 5 + 5 * 17);
+        assert_eq!(words(&cmd).len(), 3 + 1 + 17 + 6 + 5 * 17);
 
         let state = |count, exceeded, retry_after_ms| LimitState {
             count,

@@ -17,9 +17,9 @@
 //!
 //! The arithmetic is limits.lua's, line for line; `tests/limits_script.rs` runs random
 //! checks across window edges through both and compares every answer and every key.
-//! Layout (KEYS, ARGV): check.lua's header, except that ARGV[6] is the request record's
+//! Layout (KEYS, ARGV): check.lua's header, except that ARGV[7] is the request record's
 //! entries for the fixed windows and buckets (what limits.lua builds from the tags),
-//! ARGV[6 + i] is limit i's max, and nothing else per limit is sent. The reply is check.lua's in one bulk string:
+//! ARGV[7 + i] is limit i's max, and nothing else per limit is sent. The reply is check.lua's in one bulk string:
 //! `allow|c1|x1|r1|c2|…` or `deny|…` (count, exceeded 0/1, retry ms per limit), or
 //! `dup|<request id>`; `store::redis::parse_check_reply` reads both forms.
 
@@ -225,14 +225,14 @@ impl<'s> Lua<'s> {
                now = tonumber(ARGV[5])\n  \
                if now == nil then return redis.error_reply('limits script: now (ARGV[5]) is not a number') end\n\
              end\n\
-             if rep == 'r' or rep == 'ri' then\n  \
+             if rep ~= '' then\n  \
                local g = math.floor(now / math.max(tonumber(ARGV[4]) or 0, 1))\n  \
-               if redis.call('HEXISTS', KEYS[1] .. ':' .. string.format('%d', g), rid) == 1\n    \
-                 or redis.call('HEXISTS', KEYS[1] .. ':' .. string.format('%d', g - 1), rid) == 1 then return 'dup|' .. rid end\n\
-             end\n\
-             if rep == 'i' or rep == 'ri' then\n  \
-               local first = redis.call('GET', KEYS[2])\n  \
-               if first then return 'dup|' .. first end\n\
+               local this, last = KEYS[1] .. ':' .. string.format('%d', g), KEYS[1] .. ':' .. string.format('%d', g - 1)\n  \
+               if (rep == 'r' or rep == 'ri') and (redis.call('HEXISTS', this, rid) == 1 or redis.call('HEXISTS', last, rid) == 1) then return 'dup|' .. rid end\n  \
+               if rep == 'i' or rep == 'ri' then\n    \
+                 local first = redis.call('HGET', this, ARGV[6]) or redis.call('HGET', last, ARGV[6])\n    \
+                 if first then return 'dup|' .. first end\n  \
+               end\n\
              end"
         );
     }
@@ -243,8 +243,8 @@ impl<'s> Lua<'s> {
         let _ = writeln!(
             self.out,
             "local k{i} = KEYS[{key}]\nlocal m{i} = tonumber(ARGV[{arg}])\nlocal x{i}, r{i} = 0, 0",
-            key = 2 + i,
-            arg = 6 + i
+            key = 1 + i,
+            arg = 7 + i
         );
         match l.algorithm {
             Algorithm::SlidingWindow => {
@@ -383,7 +383,8 @@ impl<'s> Lua<'s> {
 
     fn record_and_reply(&mut self) {
         // The record: when, then the fixed windows and buckets written, which the caller
-        // sends as ARGV[6] (limits.lua's header; the same text limits.lua builds).
+        // sends as ARGV[7] (limits.lua's header; the same text limits.lua builds); with an
+        // idempotency key, its record (field ARGV[6]) in the same hash.
         let allow = self.reply("allow", 'a');
         let margin = EXPIRY_MARGIN_MS;
         let _ = writeln!(
@@ -391,10 +392,13 @@ impl<'s> Lua<'s> {
             "local gen = math.max(tonumber(ARGV[4]) or 0, 1)\n\
              local g = math.floor(now / gen)\n\
              local rq = KEYS[1] .. ':' .. string.format('%d', g)\n\
-             if redis.call('HSET', rq, rid, string.format('%d', now - g * gen) .. ARGV[6], '#', '') == 2 then\n  \
-               redis.call('PEXPIRE', rq, (g + 2) * gen - now + {margin})\n\
+             local value, added = string.format('%d', now - g * gen) .. ARGV[7]\n\
+             if rep == 'i' or rep == 'ri' then\n  \
+               added = redis.call('HSET', rq, rid, value, ARGV[6], rid, '#', '') - 2\n\
+             else\n  \
+               added = redis.call('HSET', rq, rid, value, '#', '') - 1\n\
              end\n\
-             if rep == 'i' or rep == 'ri' then redis.call('SET', KEYS[2], rid, 'PX', gen) end\n\
+             if added == 1 then redis.call('PEXPIRE', rq, (g + 2) * gen - now + {margin}) end\n\
              return {allow}"
         );
     }

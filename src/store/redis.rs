@@ -41,6 +41,8 @@ pub struct CheckCall<'a> {
     /// Where the request's record goes: `CheckOp::records_key` (the script appends the
     /// generation).
     pub records_key: &'a str,
+    /// The idempotency record's name on the embedded store (`CheckOp::idempotency_key`):
+    /// on Redis, a field of the records hash ([`idempotency_field`]).
     pub idempotency_key: Option<&'a str>,
     pub request_id: &'a str,
     pub dry_run: bool,
@@ -56,7 +58,7 @@ pub type CheckLimit<'a> = (&'a str, Algorithm, u64, u64, u64);
 
 impl CheckCall<'_> {
     /// What check.lua and the scripts made per shape (`store::limits_script`) share: the
-    /// EVALSHA of `sha` with every key and the five fixed arguments, with room for
+    /// EVALSHA of `sha` with every key and the six fixed arguments, with room for
     /// `args_after` arguments after them.
     pub fn head<'l>(
         &self,
@@ -64,13 +66,10 @@ impl CheckCall<'_> {
         limits: impl ExactSizeIterator<Item = CheckLimit<'l>>,
         args_after: usize,
     ) -> Cmd {
-        let n_keys = 2 + limits.len();
-        let mut cmd = Cmd::with_capacity(3 + n_keys + 5 + args_after, 64 * (n_keys + 5));
+        let n_keys = 1 + limits.len();
+        let mut cmd = Cmd::with_capacity(3 + n_keys + 6 + args_after, 64 * (n_keys + 6));
         cmd.arg("EVALSHA").arg(sha).arg(n_keys);
-        // KEYS stay positional: without an idempotency key the records key stands in, and
-        // ARGV[3] tells the script to ignore it.
-        cmd.arg(self.records_key)
-            .arg(self.idempotency_key.unwrap_or(self.records_key));
+        cmd.arg(self.records_key);
         for (key, ..) in limits {
             cmd.arg(key);
         }
@@ -80,6 +79,11 @@ impl CheckCall<'_> {
             .arg(self.record_ttl_ms.max(1));
         match self.now {
             Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        // ARGV[6] stays positional: "" without an idempotency key (ARGV[3] says so).
+        match self.idempotency_key {
+            Some(key) => cmd.arg(idempotency_field(key)),
             None => cmd.arg(""),
         };
         cmd
@@ -149,6 +153,21 @@ pub fn record_entries<'l>(limits: impl Iterator<Item = CheckLimit<'l>> + Clone) 
         out.extend(record_tag(key).iter().map(|&b| b as char));
     }
     out
+}
+
+/// The field of a check's idempotency record in its records hash (lua/limits.lua):
+/// `i:<key>`, the key's encoded value being the last segment of its embedded-store name
+/// (`keys::KeySpace::idempotency_key`). Request ids hold no `:`, so the two kinds of field
+/// cannot meet.
+pub fn idempotency_field(idempotency_key: &str) -> String {
+    let key = idempotency_key
+        .rsplit(':')
+        .next()
+        .unwrap_or(idempotency_key);
+    let mut field = String::with_capacity(2 + key.len());
+    field.push_str("i:");
+    field.push_str(key);
+    field
 }
 
 /// Which earlier checks a check may repeat, as both scripts' ARGV[3] names them: "r" the
@@ -536,6 +555,12 @@ mod tests {
             format!("f{}t{}", tag("lt:s:fw:a:uid:u"), tag("lt:s:tb:b:uid:u"))
         );
         assert_eq!(record_entries(limits[..1].iter().copied()), "");
+    }
+
+    #[test]
+    fn an_idempotency_record_is_a_field_named_by_its_key() {
+        assert_eq!(idempotency_field("lt:s:idem:uid:u:k%3A1"), "i:k%3A1");
+        assert_eq!(idempotency_field("k"), "i:k");
     }
 
     #[test]

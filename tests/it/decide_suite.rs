@@ -1994,11 +1994,12 @@ fn expiry_bounds(env: &Env) -> BTreeMap<String, u64> {
         // of the next hour (lua/limits.lua).
         bound.insert(format!("{}:{}", records_key(), t0() / HOUR), 2 * HOUR + m);
     }
-    for i in 0..6 {
-        if matches!(env.backend, Backend::Embedded { .. }) {
+    if matches!(env.backend, Backend::Embedded { .. }) {
+        // A record and an idempotency record each (on Redis: fields of the records hash).
+        for i in 0..6 {
             bound.insert(record_key(&format!("r{i}")), HOUR);
+            bound.insert(format!("{SCENE}:idem:r{i}"), HOUR);
         }
-        bound.insert(format!("{SCENE}:idem:r{i}"), HOUR);
     }
     bound
 }
