@@ -34,7 +34,7 @@ fn op(i: u64, shared: bool) -> CheckOp {
     let device = (h >> 20) % 100_000;
     let ip = (h >> 40) % 10_000;
     let mut op = CheckOp {
-        record_key: format!("lt:bench:req:r{i}"),
+        record_key: format!("lt:bench:req:uid:u{user}:r{i}"),
         // Redis only: the embedded store keeps one record per request id.
         records_key: String::new(),
         idempotency_key: None,

@@ -96,19 +96,19 @@ async fn run_check(worker: &Worker, body: &Check) -> redis::RedisResult<bool> {
         entries.extend_from_slice(&vigia::store::redis::record_tag(key));
     }
     let mut inv = worker.script.prepare_invoke();
-    // KEYS: the records key, the records key again for "no idempotency key", the limits.
+    // KEYS: the records key, the limits.
     inv.key(&records_key)
-        .key(&records_key)
         .key(format!("lt:{scene}:uid:{}", body.user_id))
         .key(format!("lt:{scene}:did:{}", body.device_id))
         .key(&ip_key)
         .key(&activity_key);
     // ARGV: request id, not a dry run, no repeat to look for (the id is fresh), record
-    // TTL, Redis TIME, the record's entries, then each limit's max.
+    // TTL, Redis TIME, no idempotency key, the record's entries, then each limit's max.
     inv.arg(&request_id)
         .arg("0")
         .arg("")
         .arg(RECORD_TTL_MS)
+        .arg("")
         .arg("")
         .arg(entries);
     for (_, _, max, _) in LIMITS {

@@ -21,7 +21,6 @@
 //! `<prefix>:device-seen:did:<device>` (sightings kept [`SEEN_RETENTION_MS`]). A sliding
 //! limit over no dimension (a scene-wide budget) counts in `<prefix>:<scene>:all`.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -97,26 +96,29 @@ pub fn legacy_record_key(records_key: &str, request_id: &str) -> Option<String> 
     Some(k)
 }
 
-/// Appends `:<abbrev>:<value>` of the check's first entity (user, device, address,
-/// activity, first attribute), or `:all` when it has none: what a request's records are
-/// kept under.
-fn push_first_entity(k: &mut String, values: &DimensionValues) {
-    let first = [
-        ("uid", &values.user),
-        ("did", &values.device),
-        ("ip", &values.ip),
-        ("aid", &values.activity),
-    ]
-    .into_iter()
-    .find_map(|(abbrev, v)| v.as_deref().map(|v| (Cow::Borrowed(abbrev), v)))
-    .or_else(|| {
-        let (name, v) = values.attrs.iter().next()?;
-        Some((Dimension::Attr(name.clone()).key_abbrev(), v.as_str()))
-    });
+/// Appends `:<abbrev>:<value>` of the check's first entity among the scene's `required`
+/// dimensions (user, device, address, activity, then attributes in the order required),
+/// or `:all` when the scene requires none: what a request's records are kept under. Only
+/// a required dimension: a retry or a refund must find the record, and only the required
+/// ones are sure to come back with them.
+fn push_first_entity(k: &mut String, values: &DimensionValues, required: &[Dimension]) {
+    let rank = |d: &Dimension| match d {
+        Dimension::User => 0,
+        Dimension::Device => 1,
+        Dimension::Ip => 2,
+        Dimension::Net => 3,
+        Dimension::Activity => 4,
+        Dimension::Attr(_) => 5,
+    };
+    // min_by_key keeps the first of equals: attributes in the order the scene lists them.
+    let first = required
+        .iter()
+        .filter_map(|d| values.get(d).map(|v| (d, v)))
+        .min_by_key(|(d, _)| rank(d));
     match first {
-        Some((abbrev, value)) => {
+        Some((d, value)) => {
             k.push(':');
-            k.push_str(&abbrev);
+            k.push_str(&d.key_abbrev());
             k.push(':');
             encode_into(k, value);
         }
@@ -254,16 +256,16 @@ impl KeySpace<'_> {
         Some(k)
     }
 
-    /// Where Redis keeps the request records of the check's first entity (user, else
-    /// device, address, activity, first attribute; the scene itself for a check with none):
+    /// Where Redis keeps the request records of the check's first required entity (user,
+    /// else device, address, activity, attribute; the scene itself when it requires none):
     /// `<prefix>:<scene>:rq:<dim>:<value>`, one hash per generation of the record TTL (the
     /// scripts append `:<generation>`, lua/limits.lua). Kept with the entity rather than
-    /// one key per request: a hash field costs Redis a fraction of a key, and on a cluster
-    /// the records sit in the slot of the entity's other keys.
-    pub fn records_key(&self, values: &DimensionValues) -> String {
+    /// one key per request: a hash field costs Redis a fraction of a key (and an entity's
+    /// keys are what a cluster's hash tags will keep together).
+    pub fn records_key(&self, values: &DimensionValues, required: &[Dimension]) -> String {
         let mut k = self.base();
         k.push_str(":rq");
-        push_first_entity(&mut k, values);
+        push_first_entity(&mut k, values, required);
         k
     }
 
@@ -272,10 +274,15 @@ impl KeySpace<'_> {
     /// ([`KeySpace::records_key`]), so both stores answer a repeat alike: the same id is a
     /// repeat for the same entity only (another user's check cannot pass as one already
     /// counted by naming its id).
-    pub fn record_key(&self, values: &DimensionValues, request_id: &str) -> String {
+    pub fn record_key(
+        &self,
+        values: &DimensionValues,
+        required: &[Dimension],
+        request_id: &str,
+    ) -> String {
         let mut k = self.base();
         k.push_str(":req");
-        push_first_entity(&mut k, values);
+        push_first_entity(&mut k, values, required);
         k.push(':');
         encode_into(&mut k, request_id);
         k
@@ -285,10 +292,15 @@ impl KeySpace<'_> {
     /// entity as its request record: `<prefix>:<scene>:idem:<dim>:<value>:<key>`. On Redis
     /// it is a field of the entity's records hash named by the last segment
     /// (`store::redis::idempotency_field`).
-    pub fn idempotency_key(&self, values: &DimensionValues, key: &str) -> String {
+    pub fn idempotency_key(
+        &self,
+        values: &DimensionValues,
+        required: &[Dimension],
+        key: &str,
+    ) -> String {
         let mut k = self.base();
         k.push_str(":idem");
-        push_first_entity(&mut k, values);
+        push_first_entity(&mut k, values, required);
         k.push(':');
         encode_into(&mut k, key);
         k
@@ -353,42 +365,46 @@ mod tests {
     }
 
     #[test]
-    fn records_sit_with_the_first_entity_the_check_carries() {
-        let mut v = values("10086");
-        assert_eq!(KS.records_key(&v), "lt:coupon_claim:rq:uid:10086");
-        v.user = None;
-        assert_eq!(KS.records_key(&v), "lt:coupon_claim:rq:did:dev-12345678");
-        v.device = None;
+    fn records_sit_with_the_first_entity_the_scene_requires() {
+        use Dimension::*;
+        let v = values("10086");
+        let phone = Attr("phone_range".into());
+        let all = [Activity, phone.clone(), Ip, Device, User];
+        let key = |required: &[Dimension]| KS.records_key(&v, required);
+        assert_eq!(key(&all), "lt:coupon_claim:rq:uid:10086");
+        assert_eq!(key(&all[..4]), "lt:coupon_claim:rq:did:dev-12345678");
+        assert_eq!(key(&all[..3]), "lt:coupon_claim:rq:ip:2001%3Adb8%3A%3A1");
+        assert_eq!(key(&all[..2]), "lt:coupon_claim:rq:aid:2026verano");
         assert_eq!(
-            KS.records_key(&v),
-            "lt:coupon_claim:rq:ip:2001%3Adb8%3A%3A1"
-        );
-        v.ip = None;
-        assert_eq!(KS.records_key(&v), "lt:coupon_claim:rq:aid:2026verano");
-        v.activity = None;
-        assert_eq!(
-            KS.records_key(&v),
+            key(&all[1..2]),
             "lt:coupon_claim:rq:at.phone_range:612%2034"
         );
-        v.attrs.clear();
-        assert_eq!(KS.records_key(&v), "lt:coupon_claim:rq:all");
-        assert_eq!(KS.record_key(&v, "r:1"), "lt:coupon_claim:req:all:r%3A1");
+        // A value the check carries but the scene does not require is not an entity a
+        // retry or a refund is sure to name again.
+        assert_eq!(key(&[]), "lt:coupon_claim:rq:all");
+        let mut no_user = v.clone();
+        no_user.user = None;
+        assert_eq!(KS.records_key(&no_user, &[User]), "lt:coupon_claim:rq:all");
+        assert_eq!(
+            KS.record_key(&v, &[], "r:1"),
+            "lt:coupon_claim:req:all:r%3A1"
+        );
+        assert_eq!(
+            KS.record_key(&v, &all, "r1"),
+            "lt:coupon_claim:req:uid:10086:r1"
+        );
+        assert_eq!(
+            KS.idempotency_key(&v, &all, "k:1"),
+            "lt:coupon_claim:idem:uid:10086:k%3A1"
+        );
         // Where a record was before 2026-12, from either shape of records key.
-        for values in [v.clone(), values("10086")] {
+        for required in [&all[..], &[]] {
             assert_eq!(
-                legacy_record_key(&KS.records_key(&values), "r:1").as_deref(),
+                legacy_record_key(&KS.records_key(&v, required), "r:1").as_deref(),
                 Some("lt:coupon_claim:req:r%3A1")
             );
         }
         assert_eq!(legacy_record_key("lt:coupon_claim:uid:1", "r1"), None);
-        assert_eq!(
-            KS.idempotency_key(&values("10086"), "k:1"),
-            "lt:coupon_claim:idem:uid:10086:k%3A1"
-        );
-        assert_eq!(
-            KS.record_key(&values("10086"), "r1"),
-            "lt:coupon_claim:req:uid:10086:r1"
-        );
     }
 
     #[test]

@@ -51,15 +51,12 @@ pub fn parse(rules: &RuleSet, body: &Value) -> Result<RefundRequest, RequestErro
     })
 }
 
-/// The first dimension a limit counts on that the scene requires (so every counted check
-/// carried it) and the body lacks, as `missing_dimension`. A dimension the scene does not
-/// require may be absent: a check without it did not count in that limit either.
+/// The first dimension the scene requires (so every counted check carried it) that the
+/// body lacks, as `missing_dimension`: the refund's keys, and where its record is kept (the
+/// first required entity's records), are made from them. A dimension the scene does not
+/// require may be absent: a check without it did not count in its limits either.
 fn require(scene: &Scene, values: &DimensionValues) -> Result<(), RequestError> {
-    let missing = scene
-        .limits
-        .iter()
-        .flat_map(|l| &l.dimensions)
-        .find(|d| scene.required.contains(d) && values.get(d).is_none());
+    let missing = scene.required.iter().find(|d| values.get(d).is_none());
     match missing {
         None => Ok(()),
         Some(d) => Err(RequestError::MissingDimension {
@@ -125,8 +122,8 @@ impl Refunds {
             scene: &req.scene.name,
         };
         Ok(RefundOp {
-            record_key: ks.record_key(&req.values, &req.request_id),
-            records_key: ks.records_key(&req.values),
+            record_key: ks.record_key(&req.values, &req.scene.required, &req.request_id),
+            records_key: ks.records_key(&req.values, &req.scene.required),
             record_ttl_ms: req.scene.record_ttl_ms(self.record_horizon_ms),
             request_id: req.request_id.clone(),
             keys: keys(&ks, &req.scene, &req.values),
@@ -255,5 +252,32 @@ max = 10
             )
             .unwrap_err();
         assert_eq!(e.field(), Some("user_id"));
+    }
+
+    #[test]
+    fn a_refund_names_every_dimension_the_scene_requires_even_one_no_limit_counts_on() {
+        // The record sits with the first required entity: a refund without the device
+        // would look for it elsewhere and answer `refunded: false` for a counted request.
+        let toml = r#"
+[scene.d]
+on_store_error = "fail_close"
+required = ["user", "device"]
+
+[[scene.d.limits]]
+name = "user_10s"
+dimensions = ["user"]
+algorithm = "sliding_window"
+window = "10s"
+max = 1
+"#;
+        let rules = crate::rules::compile_files(&[("r.toml".into(), toml.into())]).unwrap();
+        let e = refunds()
+            .op(
+                &rules,
+                &json!({"scene": "d", "request_id": "r1", "user_id": "u"}),
+            )
+            .unwrap_err();
+        assert_eq!(e.code(), "missing_dimension");
+        assert_eq!(e.field(), Some("device_id"));
     }
 }

@@ -79,7 +79,7 @@ impl Checker {
         }
     }
 
-    /// Records of a check live at most `ms` (see [`plan::record_ttl_ms`]).
+    /// The record horizon `ms` (see [`crate::rules::Scene::record_ttl_ms`]).
     pub fn with_record_horizon(mut self, ms: u64) -> Self {
         self.record_horizon_ms = ms;
         self

@@ -25,7 +25,8 @@ pub const NEW_ACCOUNT: &str = "new_account";
 pub type LimitIndex = Vec<usize>;
 
 /// The plan of `req` under `rules`, and which scene limit each planned limit is; its
-/// records live `record_horizon_ms` at most (see [`record_ttl_ms`]).
+/// records live for [`Scene::record_ttl_ms`] of `record_horizon_ms` (on Redis, up to twice
+/// that: lua/limits.lua).
 pub fn plan(
     prefix: &str,
     rules: &RuleSet,
@@ -54,12 +55,12 @@ pub fn plan(
         silent_deny_at: score.silent_deny_at,
     });
     let plan = CheckPlan {
-        record_key: ks.record_key(values, &req.request_id),
-        records_key: ks.records_key(values),
+        record_key: ks.record_key(values, &scene.required, &req.request_id),
+        records_key: ks.records_key(values, &scene.required),
         idempotency_key: req
             .idempotency_key
             .as_deref()
-            .map(|k| ks.idempotency_key(values, k)),
+            .map(|k| ks.idempotency_key(values, &scene.required, k)),
         request_id: req.request_id.clone(),
         id_given: req.id_given,
         record_ttl_ms: scene.record_ttl_ms(record_horizon_ms),

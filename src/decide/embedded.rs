@@ -169,7 +169,7 @@ impl Decider for EmbeddedDecider {
             .collect();
         let op = CheckOp {
             record_key: plan.record_key.clone(),
-            // The embedded store keeps one record per request id (`record_key`).
+            // The embedded store keeps one record per entity and request id (`record_key`).
             records_key: String::new(),
             idempotency_key: plan.idempotency_key.clone(),
             request_id: plan.request_id.clone(),

@@ -42,13 +42,16 @@ use crate::store::{LimitState, StoreError};
 /// Everything one check asks of a decider.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckPlan {
-    /// `<prefix>:<scene>:req:<request_id>`: the request's record (repeat detection, refund)
-    /// on the embedded store.
+    /// `<prefix>:<scene>:req:<dim>:<value>:<request_id>`: the request's record (repeat
+    /// detection, refund) on the embedded store ([`crate::keys::KeySpace::record_key`]).
     pub record_key: String,
-    /// `<prefix>:<scene>:rq:<dim>:<value>`: where Redis keeps the records of the check's
-    /// first entity ([`crate::keys::KeySpace::records_key`]).
+    /// `<prefix>:<scene>:rq:<dim>:<value>`: where Redis keeps the request and idempotency
+    /// records of the check's first required entity
+    /// ([`crate::keys::KeySpace::records_key`]).
     pub records_key: String,
-    /// `<prefix>:<scene>:idem:<key>`, when the check carries an idempotency key.
+    /// `<prefix>:<scene>:idem:<dim>:<value>:<key>`, when the check carries an idempotency
+    /// key: the embedded store's key; on Redis a field of the records hash named by its
+    /// last segment.
     pub idempotency_key: Option<String>,
     pub request_id: String,
     /// The caller named the request id, so the check may repeat an earlier one; an id the

@@ -244,8 +244,8 @@ fn script_member(member: &str) -> [u8; 16] {
     out
 }
 
-/// An optional key, or the records key standing in for it (its flag says which): it is
-/// in the check's slot on a cluster.
+/// An optional key, or the records key standing in for it (its flag says which; the script
+/// never touches a stand-in).
 fn or_record<'a>(key: &'a Option<String>, plan: &'a CheckPlan) -> &'a str {
     key.as_deref().unwrap_or(&plan.records_key)
 }

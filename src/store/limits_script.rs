@@ -3,7 +3,7 @@
 //! branch of `lua/limits.lua` laid out straight, limit after limit.
 //!
 //! Why: check.lua is general. Before it touches a key it defines limits.lua's helpers
-//! (closures and tables made on every call), parses four arguments per limit into a
+//! (closures and tables made on every call), parses five arguments per limit into a
 //! 19-field table (`tonumber` is glibc's strtod) and loops over the limits through
 //! dispatch on the algorithm. For the bench scene that is about a third of the Redis
 //! instructions of a check (`benches/lua-cpu.sh`); a script made for the shape runs only

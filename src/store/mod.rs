@@ -39,13 +39,15 @@ pub struct LimitOp {
 /// Everything one check asks of the store.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckOp {
-    /// Key of the request record (`<prefix>:<scene>:req:<request_id>`), on the embedded
-    /// store.
+    /// Key of the request record on the embedded store
+    /// (`<prefix>:<scene>:req:<dim>:<value>:<request_id>`).
     pub record_key: String,
-    /// Where Redis keeps the records of the check's first entity
-    /// (`<prefix>:<scene>:rq:<dim>:<value>`, [`crate::keys::KeySpace::records_key`]).
+    /// Where Redis keeps the request and idempotency records of the check's first
+    /// required entity (`<prefix>:<scene>:rq:<dim>:<value>`,
+    /// [`crate::keys::KeySpace::records_key`]).
     pub records_key: String,
-    /// Key of the idempotency record, when the check carries an idempotency key.
+    /// Key of the idempotency record, when the check carries an idempotency key (on Redis,
+    /// a field of the records hash named by its last segment).
     pub idempotency_key: Option<String>,
     pub request_id: String,
     /// How long the request and idempotency records live (the longest window, at least 1 s).

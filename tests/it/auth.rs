@@ -59,7 +59,9 @@ async fn a_forged_refund_gives_nothing_back() {
     b["request_id"] = json!("r1");
     assert_eq!(app.check(b).await.0, 200);
     assert_eq!(app.check(body("u")).await.0, 429);
-    let refund = json!({"scene": "s", "request_id": "r1", "user_id": "u"});
+    // A refund names the check's dimension values, as the check did.
+    let mut refund = body("u");
+    refund["request_id"] = json!("r1");
     // Even from loopback: once a token is set, only the token counts.
     assert_eq!(
         status_with(&app, "/v1/refund", None, refund.clone()).await,
@@ -85,6 +87,7 @@ async fn a_forged_refund_gives_nothing_back() {
 async fn without_tokens_checks_are_open_and_refunds_take_loopback() {
     let app = spawn_app(&[("s.toml", &rules())]).await;
     assert_eq!(status_with(&app, "/v1/check", None, body("u")).await, 200);
-    let refund = json!({"scene": "s", "request_id": "nope", "user_id": "u"});
+    let mut refund = body("u");
+    refund["request_id"] = json!("nope");
     assert_eq!(status_with(&app, "/v1/refund", None, refund).await, 200);
 }

@@ -2185,29 +2185,41 @@ async fn on_redis_the_request_record_names_the_fixed_windows_and_buckets_written
     assert_eq!(allowed(&env.judged(&again).await), [1, 1, 1]);
 }
 
-/// A record written before sliding keys left it names them "z": a refund after an upgrade
-/// still gives their members back, once.
+/// A record written before 2026-12 is a key of its own (`<scene>:req:<id>`, JSON naming
+/// fixed windows "f:<start>" and, earlier still, sliding keys "z"): a refund after the
+/// upgrade, which names the request's per-entity record, still finds it there and gives
+/// every unit back, once.
 #[tokio::test]
-async fn on_redis_a_record_naming_sliding_keys_is_still_refunded() {
+async fn on_redis_a_record_from_before_the_records_hashes_is_still_refunded() {
     let env = Env::redis().await;
     let server = env.server();
     let key = format!("{SCENE}:uid:old");
+    let fixed_key = format!("{SCENE}:fw:uid:old");
     let at = (t0() - 1_000).to_string();
     server.command(&["ZADD", &key, &at, "r-old"]);
     server.command(&["ZADD", &key, &at, "r-other"]);
-    let record = format!(r#"{{"k":{{"{key}":"z"}}}}"#);
+    // The current hour's fixed window, counted by r-old and one other request.
+    server.command(&["HSET", &fixed_key, "s", &t0().to_string(), "c", "2"]);
+    server.command(&["PEXPIRE", &fixed_key, "60000"]);
+    let record = format!(r#"{{"k":{{"{key}":"z","{fixed_key}":"f:{}"}}}}"#, t0());
     server.command(&["SET", &record_key("r-old"), &record, "PX", "60000"]);
     let refund = RefundOp {
-        record_key: record_key("r-old"),
+        // Where a check made now keeps its record: not where this one is.
+        record_key: format!("{SCENE}:req:all:r-old"),
         records_key: records_key(),
         record_ttl_ms: HOUR,
         request_id: "r-old".into(),
-        keys: vec![key.clone()],
+        keys: vec![key.clone(), fixed_key.clone()],
     };
     assert!(env.refund(&refund).await);
     assert!(!env.refund(&refund).await, "once");
     let check = check("r-new")
         .user("old")
-        .limit(sliding("uid:old", HOUR, 5));
-    assert_eq!(allowed(&env.judged(&check).await), [2], "r-other stays");
+        .limit(sliding("uid:old", HOUR, 5))
+        .limit(fixed("fw:uid:old", HOUR, 5));
+    assert_eq!(
+        allowed(&env.judged(&check).await),
+        [2, 2],
+        "r-other stays in both"
+    );
 }
