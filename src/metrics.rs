@@ -3,6 +3,10 @@
 //! Labels stay bounded: scenes, limits and reasons come from the rule set (never from the
 //! request), decisions and layers are fixed sets.
 
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use prometheus::local::{LocalHistogramVec, LocalIntCounterVec};
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
@@ -16,6 +20,9 @@ pub struct Metrics {
     signals_fired: IntCounterVec,
     http_answers: IntCounterVec,
     check_latency: HistogramVec,
+    /// What the check path counts into instead of `decisions`, `http_answers` and
+    /// `check_latency` (see [`Shards`]).
+    shards: Arc<Shards>,
     store_errors: IntCounterVec,
     degraded: IntCounterVec,
     over_limit_answers: IntCounterVec,
@@ -28,6 +35,53 @@ pub struct Metrics {
     breaker_open: IntGaugeVec,
     breaker_transitions: IntCounterVec,
     record_lines: IntCounterVec,
+}
+
+/// The metrics every check moves (its decision, its HTTP answer, its latency), counted
+/// without shared atomics: each thread counts into local copies of its own
+/// (`prometheus::local`), which every read of the registry ([`Metrics::gather`],
+/// [`Metrics::render`]) first flushes, so a scrape is as exact as before. Counting into the
+/// shared vecs directly cost ~1–2 µs per check on 2 cores (`benches/ab.sh`, embedded store:
+/// +4–8 % throughput without the latency histogram alone; one observe took 450 ns with two
+/// threads at it against 29 ns for a local one): the vecs' locks, the handles' reference
+/// counts and the counters bounce between the workers' caches on every check.
+#[derive(Default)]
+struct Shards {
+    shards: Mutex<Vec<Arc<Mutex<Local>>>>,
+}
+
+impl std::fmt::Debug for Shards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shards")
+            .field("threads", &lock(&self.shards).len())
+            .finish()
+    }
+}
+
+/// One thread's counts, flushed into the registry's metrics at each read.
+struct Local {
+    decisions: LocalIntCounterVec,
+    http_answers: LocalIntCounterVec,
+    check_latency: LocalHistogramVec,
+}
+
+impl Local {
+    fn flush(&self) {
+        self.decisions.flush();
+        self.http_answers.flush();
+        self.check_latency.flush();
+    }
+}
+
+thread_local! {
+    /// This thread's [`Local`] of each live [`Metrics`] (tests run several apps per
+    /// process). The Weak keeps a dropped registry's address from being reused meanwhile.
+    static LOCALS: RefCell<Vec<(Weak<Shards>, Arc<Mutex<Local>>)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Check latency buckets, seconds: sub-millisecond answers up to the store timeout and past.
@@ -170,6 +224,7 @@ impl Metrics {
             signals_fired,
             http_answers,
             check_latency,
+            shards: Arc::default(),
             store_errors,
             degraded,
             over_limit_answers,
@@ -180,9 +235,11 @@ impl Metrics {
     }
 
     pub fn decision(&self, scene: &str, decision: &str, layer: &str, reason: &str) {
-        self.decisions
-            .with_label_values(&[scene, decision, layer, reason])
-            .inc();
+        self.local(|l| {
+            l.decisions
+                .with_label_values(&[scene, decision, layer, reason])
+                .inc()
+        });
     }
 
     pub fn block(&self, scene: &str, limit: &str, dimension: &str) {
@@ -199,15 +256,41 @@ impl Metrics {
     /// One HTTP answer of `status` on `route` (a route pattern, or `unmatched`).
     pub fn http_answer(&self, route: &str, status: u16) {
         let mut code = itoa::Buffer::new();
-        self.http_answers
-            .with_label_values(&[route, code.format(status)])
-            .inc();
+        let code = code.format(status);
+        self.local(|l| l.http_answers.with_label_values(&[route, code]).inc());
     }
 
     pub fn check_latency(&self, scene: &str, seconds: f64) {
-        self.check_latency
-            .with_label_values(&[scene])
-            .observe(seconds);
+        self.local(|l| l.check_latency.with_label_values(&[scene]).observe(seconds));
+    }
+
+    /// Runs `f` on this thread's local counts of this registry (made on first use).
+    fn local(&self, f: impl FnOnce(&mut Local)) {
+        let mine = Arc::as_ptr(&self.shards);
+        LOCALS.with(|locals| {
+            let mut locals = locals.borrow_mut();
+            if let Some((_, local)) = locals.iter().find(|(of, _)| of.as_ptr() == mine) {
+                return f(&mut lock(local));
+            }
+            // This thread's first count for this registry (and forget the registries
+            // dropped since).
+            locals.retain(|(of, _)| of.strong_count() > 0);
+            let local = Arc::new(Mutex::new(Local {
+                decisions: self.decisions.local(),
+                http_answers: self.http_answers.local(),
+                check_latency: self.check_latency.local(),
+            }));
+            lock(&self.shards.shards).push(local.clone());
+            f(&mut lock(&local));
+            locals.push((Arc::downgrade(&self.shards), local));
+        });
+    }
+
+    /// Moves every thread's local counts into the registry's metrics.
+    fn flush_locals(&self) {
+        for local in lock(&self.shards.shards).iter() {
+            lock(local).flush();
+        }
     }
 
     pub fn store_error(&self, store: &str, kind: &str) {
@@ -281,6 +364,7 @@ impl Metrics {
     /// Every metric as it stands now. The ops page reads its counts here, so it shows
     /// exactly what `/metrics` exports.
     pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.flush_locals();
         self.registry.gather()
     }
 
@@ -288,7 +372,78 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         // Encoding into a Vec only fails on invalid metric data, which we never build.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        let _ = TextEncoder::new().encode(&self.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn latency_count(m: &Metrics, scene: &str) -> Option<u64> {
+        let line = format!("vigia_check_duration_seconds_count{{scene=\"{scene}\"}} ");
+        m.render()
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .map(|n| n.parse().expect("a count"))
+    }
+
+    #[test]
+    fn check_latency_from_every_thread_is_in_each_scrape_once() {
+        let m = Metrics::new();
+        m.check_latency("s", 0.001);
+        let other = m.clone();
+        std::thread::spawn(move || {
+            other.check_latency("s", 0.002);
+            other.check_latency("t", 0.003);
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(latency_count(&m, "s"), Some(2));
+        assert_eq!(latency_count(&m, "t"), Some(1));
+        // A second scrape does not count the flushed observations again.
+        assert_eq!(latency_count(&m, "s"), Some(2));
+        m.check_latency("s", 0.004);
+        assert_eq!(latency_count(&m, "s"), Some(3));
+        // Another registry on the same thread keeps its own.
+        let n = Metrics::new();
+        n.check_latency("s", 0.001);
+        assert_eq!(latency_count(&n, "s"), Some(1));
+        assert_eq!(latency_count(&m, "s"), Some(3));
+        assert!(m
+            .render()
+            .contains("vigia_check_duration_seconds_sum{scene=\"s\"} 0.007"));
+    }
+
+    #[test]
+    fn decisions_and_answers_from_every_thread_are_in_each_scrape_once() {
+        let m = Metrics::new();
+        let count = |m: &Metrics, line: &str| {
+            m.render()
+                .lines()
+                .find_map(|l| l.strip_prefix(line).map(str::to_owned))
+                .unwrap_or_default()
+        };
+        let decision =
+            r#"vigia_decisions_total{decision="allow",layer="none",reason="none",scene="s"} "#;
+        let answer = r#"vigia_http_responses_total{route="/v1/check",status="200"} "#;
+        let other = m.clone();
+        std::thread::spawn(move || {
+            other.decision("s", "allow", "none", "none");
+            other.http_answer("/v1/check", 200);
+        })
+        .join()
+        .expect("thread");
+        m.decision("s", "allow", "none", "none");
+        m.http_answer("/v1/check", 200);
+        assert_eq!(count(&m, decision), "2");
+        assert_eq!(count(&m, answer), "2");
+        m.decision("s", "allow", "none", "none");
+        assert_eq!(
+            count(&m, decision),
+            "3",
+            "flushed counts are not counted again"
+        );
     }
 }
