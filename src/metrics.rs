@@ -73,11 +73,14 @@ impl Local {
     }
 }
 
+/// A thread's [`Local`] of one registry: the Weak keeps a dropped registry's address from
+/// being reused meanwhile.
+type LocalOf = (Weak<Shards>, Arc<Mutex<Local>>);
+
 thread_local! {
     /// This thread's [`Local`] of each live [`Metrics`] (tests run several apps per
-    /// process). The Weak keeps a dropped registry's address from being reused meanwhile.
-    static LOCALS: RefCell<Vec<(Weak<Shards>, Arc<Mutex<Local>>)>> =
-        const { RefCell::new(Vec::new()) };
+    /// process).
+    static LOCALS: RefCell<Vec<LocalOf>> = const { RefCell::new(Vec::new()) };
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
