@@ -34,7 +34,13 @@ first time still works. The record itself stays, so the same request id sent aga
 a duplicate.
 ]]
 
+-- clock_now(), records_hash(): limits.lua, which the service puts in front of this script
+-- (src/store/redis.rs), so the clock and a generation's hash are named in one place.
+
 local request_id = ARGV[1]
+
+-- One entry of a record: "f" or "t", then a 6-character tag (base64url).
+local ENTRY = '([ft])([%w_-][%w_-][%w_-][%w_-][%w_-][%w_-])'
 
 -- Undoes what `key` holds of the request: a sliding ZSET (how == nil, its type checked),
 -- a fixed window counted at t ("f"), a bucket ("t"). True when a ZSET gave the id back.
@@ -66,7 +72,7 @@ local function refund_record(hash, start, value)
   end
   local t = start + tonumber(ms)
   local named = {}
-  for kind, tag in string.gmatch(string.sub(value, #ms + 1), '([ft])([%w_-][%w_-][%w_-][%w_-][%w_-][%w_-])') do
+  for kind, tag in string.gmatch(string.sub(value, #ms + 1), ENTRY) do
     named[tag] = kind
   end
   local undone, changed = 0, false
@@ -89,7 +95,7 @@ local function refund_record(hash, start, value)
     -- The entries not undone stay, in their order; HSET of an existing field keeps the
     -- hash's expiry.
     local kept = { ms }
-    for kind, tag in string.gmatch(string.sub(value, #ms + 1), '([ft])([%w_-][%w_-][%w_-][%w_-][%w_-][%w_-])') do
+    for kind, tag in string.gmatch(string.sub(value, #ms + 1), ENTRY) do
       if named[tag] == kind then
         kept[#kept + 1] = kind .. tag
       end
@@ -101,19 +107,13 @@ end
 
 local gen = tonumber(ARGV[2]) or 0
 if gen > 0 then
-  local now
-  if ARGV[3] == '' then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  else
-    now = tonumber(ARGV[3])
-    if now == nil then
-      return redis.error_reply('refund.lua: now (ARGV[3]) is not a number')
-    end
+  local now = clock_now(ARGV[3])
+  if now == nil then
+    return redis.error_reply('refund.lua: now (ARGV[3]) is not a number')
   end
   local g = math.floor(now / gen)
   for _, gg in ipairs({ g, g - 1 }) do
-    local hash = KEYS[1] .. ':' .. string.format('%d', gg)
+    local hash = records_hash(KEYS[1], gg)
     local value = redis.call('HGET', hash, request_id)
     if value then
       return refund_record(hash, gg * gen, value)

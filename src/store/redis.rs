@@ -182,8 +182,12 @@ pub fn repeats(id_given: bool, has_idempotency_key: bool) -> &'static str {
     }
 }
 
-/// The refund script; its header documents KEYS, ARGV and the reply.
-const REFUND_LUA: &str = include_str!("../../lua/refund.lua");
+/// The refund script, after `lua/limits.lua` (its clock and the records' hash names);
+/// refund.lua's header documents KEYS, ARGV and the reply.
+const REFUND_LUA: &str = concat!(
+    include_str!("../../lua/limits.lua"),
+    include_str!("../../lua/refund.lua")
+);
 
 /// Start-up (connect + SCRIPT LOAD) gets at least this long, whatever the per-call
 /// timeout: a 50 ms request budget is too tight for a TCP connect plus two loads.
