@@ -39,6 +39,8 @@ fn op(i: u64, shared: bool) -> CheckOp {
         records_key: String::new(),
         idempotency_key: None,
         request_id: format!("r{i}"),
+        // As in the load test: the service makes the ids, so no repeat is looked for.
+        id_given: false,
         record_ttl_ms: 86_400_000,
         dry_run: false,
         limits: vec![

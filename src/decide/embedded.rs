@@ -173,6 +173,7 @@ impl Decider for EmbeddedDecider {
             records_key: String::new(),
             idempotency_key: plan.idempotency_key.clone(),
             request_id: plan.request_id.clone(),
+            id_given: plan.id_given,
             record_ttl_ms: plan.record_ttl_ms,
             dry_run: plan.dry_run,
             limits: plan

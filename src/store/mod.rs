@@ -50,6 +50,10 @@ pub struct CheckOp {
     /// a field of the records hash named by its last segment).
     pub idempotency_key: Option<String>,
     pub request_id: String,
+    /// The caller named `request_id`, so it may repeat an earlier check. An id the service
+    /// made cannot: its record is not looked for (one lookup fewer per check, and on the
+    /// embedded store a miss in its largest map).
+    pub id_given: bool,
     /// How long the request and idempotency records live (the longest window, at least 1 s).
     pub record_ttl_ms: u64,
     /// Decide, but write nothing.

@@ -280,8 +280,7 @@ impl WindowStore for RedisStore {
             idempotency_key: op.idempotency_key.as_deref(),
             request_id: &op.request_id,
             dry_run: op.dry_run,
-            // A window store op always looks for its request's record.
-            id_given: true,
+            id_given: op.id_given,
             record_ttl_ms: op.record_ttl_ms,
             now: self.now_arg(),
         };

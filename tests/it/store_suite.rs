@@ -72,6 +72,7 @@ pub(crate) fn op(request_id: &str, limits: &[LimitOp]) -> CheckOp {
         records_key: RECORDS_KEY.into(),
         idempotency_key: None,
         request_id: request_id.to_string(),
+        id_given: true,
         record_ttl_ms: record_ttl_ms(limits),
         dry_run: false,
         limits: limits.to_vec(),
@@ -702,6 +703,25 @@ on_every_store! {
         allowed(env.dyn_store(), &op("new", &lim)).await;
         assert!(env.store.refund(&refund_op("old", &lim)).await.expect("refund"));
         assert_eq!(counts(env.dyn_store(), &lim).await, [1]);
+    }
+
+    #[tokio::test]
+    async fn a_service_made_id_is_recorded_without_being_looked_for(env: Env) {
+        // The service's own ids are fresh, so the store skips the repeat lookup; the
+        // record is still written: the client may send that id again, or refund it.
+        let lim = [
+            sliding("lt:test:uid:made", 10 * SEC, 5),
+            fixed("lt:test:fw:uid:made", 10 * SEC, 5),
+        ];
+        let made = |id: &str| CheckOp { id_given: false, ..op(id, &lim) };
+        allowed(env.dyn_store(), &made("m1")).await;
+        allowed(env.dyn_store(), &made("m2")).await;
+        assert_eq!(
+            check(env.dyn_store(), &op("m1", &lim)).await,
+            CheckOutcome::Duplicate { of: "m1".into() }
+        );
+        assert!(env.store.refund(&refund_op("m2", &lim)).await.expect("refund"));
+        assert_eq!(counts(env.dyn_store(), &lim).await, [1, 1]);
     }
 
     #[tokio::test]
