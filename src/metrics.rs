@@ -20,8 +20,8 @@ pub struct Metrics {
     signals_fired: IntCounterVec,
     http_answers: IntCounterVec,
     check_latency: HistogramVec,
-    /// What the check path counts into instead of `decisions`, `http_answers` and
-    /// `check_latency` (see [`Shards`]).
+    /// What the check path counts into instead of `decisions`, `http_answers`,
+    /// `check_latency`, `blocks`, `signals_fired` and `over_limit_answers` (see [`Shards`]).
     shards: Arc<Shards>,
     store_errors: IntCounterVec,
     degraded: IntCounterVec,
@@ -37,7 +37,8 @@ pub struct Metrics {
     record_lines: IntCounterVec,
 }
 
-/// The metrics every check moves (its decision, its HTTP answer, its latency), counted
+/// The metrics every check moves (its decision, its HTTP answer, its latency; a deny's
+/// block, a fired signal, an answer from the over-limit cache), counted
 /// without shared atomics: each thread counts into local copies of its own
 /// (`prometheus::local`), which every read of the registry ([`Metrics::gather`],
 /// [`Metrics::render`]) first flushes, so a scrape is as exact as before. Counting into the
@@ -63,6 +64,11 @@ struct Local {
     decisions: LocalIntCounterVec,
     http_answers: LocalIntCounterVec,
     check_latency: LocalHistogramVec,
+    // A deny's: under attack most checks are denies, and each counts a block (and, answered
+    // from the over-limit cache, that too).
+    blocks: LocalIntCounterVec,
+    signals_fired: LocalIntCounterVec,
+    over_limit_answers: LocalIntCounterVec,
 }
 
 impl Local {
@@ -70,6 +76,9 @@ impl Local {
         self.decisions.flush();
         self.http_answers.flush();
         self.check_latency.flush();
+        self.blocks.flush();
+        self.signals_fired.flush();
+        self.over_limit_answers.flush();
     }
 }
 
@@ -246,14 +255,12 @@ impl Metrics {
     }
 
     pub fn block(&self, scene: &str, limit: &str, dimension: &str) {
-        self.blocks
-            .with_label_values(&[scene, limit, dimension])
-            .inc();
+        self.local(|l| l.blocks.with_label_values(&[scene, limit, dimension]).inc());
     }
 
     /// `signal` fired on one check of `scene`.
     pub fn signal_fired(&self, scene: &str, signal: &str) {
-        self.signals_fired.with_label_values(&[scene, signal]).inc();
+        self.local(|l| l.signals_fired.with_label_values(&[scene, signal]).inc());
     }
 
     /// One HTTP answer of `status` on `route` (a route pattern, or `unmatched`).
@@ -282,6 +289,9 @@ impl Metrics {
                 decisions: self.decisions.local(),
                 http_answers: self.http_answers.local(),
                 check_latency: self.check_latency.local(),
+                blocks: self.blocks.local(),
+                signals_fired: self.signals_fired.local(),
+                over_limit_answers: self.over_limit_answers.local(),
             }));
             lock(&self.shards.shards).push(local.clone());
             f(&mut lock(&local));
@@ -306,7 +316,7 @@ impl Metrics {
 
     /// A check of `scene` denied from the over-limit cache.
     pub fn over_limit_answer(&self, scene: &str) {
-        self.over_limit_answers.with_label_values(&[scene]).inc();
+        self.local(|l| l.over_limit_answers.with_label_values(&[scene]).inc());
     }
 
     pub fn rule_reload(&self, result: &str) {
@@ -431,20 +441,33 @@ mod tests {
         let decision =
             r#"vigia_decisions_total{decision="allow",layer="none",reason="none",scene="s"} "#;
         let answer = r#"vigia_http_responses_total{route="/v1/check",status="200"} "#;
+        let block = r#"vigia_blocks_total{dimension="user",limit="u",scene="s"} "#;
+        let fired = r#"vigia_signals_fired_total{scene="s",signal="g"} "#;
+        let cached = r#"vigia_over_limit_cache_answers_total{scene="s"} "#;
+        let every = |m: &Metrics| {
+            m.decision("s", "allow", "none", "none");
+            m.http_answer("/v1/check", 200);
+            m.block("s", "u", "user");
+            m.signal_fired("s", "g");
+            m.over_limit_answer("s");
+        };
         let other = m.clone();
-        std::thread::spawn(move || {
-            other.decision("s", "allow", "none", "none");
-            other.http_answer("/v1/check", 200);
-        })
-        .join()
-        .expect("thread");
+        std::thread::spawn(move || every(&other))
+            .join()
+            .expect("thread");
+        every(&m);
+        for line in [decision, answer, block, fired, cached] {
+            assert_eq!(count(&m, line), "2", "{line}");
+        }
         m.decision("s", "allow", "none", "none");
-        m.http_answer("/v1/check", 200);
-        assert_eq!(count(&m, decision), "2");
-        assert_eq!(count(&m, answer), "2");
-        m.decision("s", "allow", "none", "none");
+        m.block("s", "u", "user");
         assert_eq!(
             count(&m, decision),
+            "3",
+            "flushed counts are not counted again"
+        );
+        assert_eq!(
+            count(&m, block),
             "3",
             "flushed counts are not counted again"
         );
