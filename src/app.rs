@@ -426,7 +426,7 @@ pub async fn start(
     let mut server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
-            .wrap(actix_web::middleware::from_fn(http::count_answers))
+            .wrap(http::answers::CountAnswers::new(data.metrics.clone()))
             .configure(http::configure)
     })
     .shutdown_timeout(10);

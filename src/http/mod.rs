@@ -4,6 +4,7 @@
 //! the global handle again.
 
 pub mod admin;
+pub mod answers;
 pub mod auth;
 pub mod check;
 pub mod errors;
@@ -14,10 +15,7 @@ pub mod recording;
 
 use std::sync::Arc;
 
-use actix_web::body::MessageBody;
-use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::Method;
-use actix_web::middleware::Next;
 use actix_web::{web, FromRequest, Handler, HttpResponse, Responder};
 use arc_swap::ArcSwapOption;
 use utoipa::OpenApi;
@@ -203,29 +201,6 @@ where
             let allow = allow.clone();
             async move { Err::<HttpResponse, _>(errors::ApiError::MethodNotAllowed { allow }) }
         }))
-}
-
-/// Middleware: counts every answer by route and status in `vigia_http_responses_total`,
-/// so the requests that never reach a decision (400, 401, 404, 405, 413, 415) are seen
-/// too. The route is the matched pattern (`/v1/trust/{user_id}`, not the user), which
-/// keeps the series few; an unknown path is `unmatched`.
-pub async fn count_answers(
-    req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    // One Arc clone of the state, not a clone of every counter in Metrics.
-    let state = req.app_data::<web::Data<AppState>>().cloned();
-    let route = req.match_pattern();
-    let answer = next.call(req).await;
-    if let Some(state) = state {
-        let status = match &answer {
-            Ok(res) => res.status(),
-            Err(e) => e.as_response_error().status_code(),
-        };
-        let route = route.as_deref().unwrap_or("unmatched");
-        state.metrics.http_answer(route, status.as_u16());
-    }
-    answer
 }
 
 async fn not_found() -> Result<HttpResponse, errors::ApiError> {
