@@ -29,9 +29,16 @@
 //! networks may be in the plan, and those already hold this check's members.
 //!
 //! Memory: at most `max_keys` entries (each the key plus ~50 bytes), least recently used
-//! evicted first; an entry past its hold is dropped when next read.
+//! evicted first; an entry past its hold is dropped when next read; and 64 KiB of
+//! [`MaybeHeld`] bits.
+//!
+//! Cost: every eligible check asks about each of its keys, and most keys are not held. A
+//! lookup in the cache takes a lock of its shard (shared with every other worker) and
+//! ~50–70 ns; 3–4 % of an embedded check's CPU went to the four lookups of the bench
+//! scene's checks (perf). So a key is looked up only when [`MaybeHeld`] — plain bits
+//! read without a lock — says it may be held.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use quick_cache::sync::Cache;
@@ -63,6 +70,7 @@ struct Held {
 /// The cache (see the module doc). `None`-free: a cache of 0 keys is simply never built.
 pub struct OverLimit {
     held: Cache<String, Held>,
+    maybe: MaybeHeld,
     epoch: AtomicU64,
     hold_ms: u64,
 }
@@ -87,6 +95,7 @@ impl OverLimit {
     pub fn new(max_keys: usize, hold_ms: u64) -> Self {
         OverLimit {
             held: Cache::new(max_keys.max(1)),
+            maybe: MaybeHeld::new(hold_ms),
             epoch: AtomicU64::new(0),
             hold_ms,
         }
@@ -121,10 +130,10 @@ impl OverLimit {
         if repeatable || plan.dry_run || !plan.signals.iter().all(unmoved_by_repeats) {
             return None;
         }
-        let observed = observed(plan);
         let epoch = self.epoch.load(Ordering::Acquire);
+        let mut seen = None;
         let (i, held) = plan.limits.iter().enumerate().find_map(|(i, l)| {
-            if !cacheable(l) {
+            if !cacheable(l) || !self.maybe.may_hold(&l.key) {
                 return None;
             }
             let held = self.held.get(l.key.as_str())?;
@@ -132,7 +141,8 @@ impl OverLimit {
                 self.held.remove(l.key.as_str());
                 return None;
             }
-            (held.base_max == l.base_max && held.observed == observed).then_some((i, held))
+            let seen = *seen.get_or_insert_with(|| observed(plan));
+            (held.base_max == l.base_max && held.observed == seen).then_some((i, held))
         })?;
         let limits = plan
             .limits
@@ -196,8 +206,70 @@ impl OverLimit {
                 count: v.state.count,
                 observed,
             };
+            self.maybe.insert(&l.key, now);
             self.held.insert(l.key.clone(), held);
         }
+    }
+}
+
+/// Bits per generation of [`MaybeHeld`] (32 KiB): with a few thousand keys held, a key
+/// that is not held finds its bit set in one check in ~100.
+const MAYBE_BITS: usize = 1 << 18;
+
+/// Which keys may be in the cache: a key's bit is set when it is learnt, so a clear bit
+/// means "not held" and the lookup is skipped; a set bit (the key, or another key of the
+/// same bit) means "look". Bits are never cleared one by one: learning happens in
+/// generations of `hold_ms` (time / hold_ms, alternating between two bit arrays), a
+/// lookup reads both, and a generation's array is cleared when it is reused two
+/// generations later — after every entry learnt in it has outlived its hold.
+///
+/// Every race here can only lose a bit (a learn whose bit a concurrent clearing wipes), and
+/// a lost bit only sends that key's checks to the store, which answers them correctly: the
+/// cache is never made to answer for a key it does not hold.
+struct MaybeHeld {
+    bits: [Box<[AtomicU64]>; 2],
+    /// The generation each array was last cleared for.
+    cleared: [AtomicU64; 2],
+    span_ms: u64,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl MaybeHeld {
+    fn new(hold_ms: u64) -> Self {
+        let array = || (0..MAYBE_BITS / 64).map(|_| AtomicU64::new(0)).collect();
+        MaybeHeld {
+            bits: [array(), array()],
+            cleared: [AtomicU64::new(0), AtomicU64::new(0)],
+            span_ms: hold_ms.max(1),
+            hasher: foldhash::fast::RandomState::default(),
+        }
+    }
+
+    /// The word and bit of `key`.
+    fn slot(&self, key: &str) -> (usize, u64) {
+        let h = self.hasher.hash_one(key);
+        ((h >> 6) as usize % (MAYBE_BITS / 64), 1 << (h & 63))
+    }
+
+    fn may_hold(&self, key: &str) -> bool {
+        let (word, bit) = self.slot(key);
+        self.bits
+            .iter()
+            .any(|b| b[word].load(Ordering::Relaxed) & bit != 0)
+    }
+
+    /// Marks `key`, learnt at `now` (node ms).
+    fn insert(&self, key: &str, now: u64) {
+        let generation = now / self.span_ms;
+        let g = (generation % 2) as usize;
+        // The first learn of a generation clears what its array held two generations ago.
+        if self.cleared[g].fetch_max(generation, Ordering::AcqRel) < generation {
+            for word in self.bits[g].iter() {
+                word.store(0, Ordering::Relaxed);
+            }
+        }
+        let (word, bit) = self.slot(key);
+        self.bits[g][word].fetch_or(bit, Ordering::Relaxed);
     }
 }
 
@@ -324,6 +396,38 @@ mod tests {
         assert!(c.answer(&other, false, 2_000).is_none());
         // The store said it admits one more at 5_000: from then the store decides.
         assert!(c.answer(&p, false, 5_000).is_none());
+    }
+
+    #[test]
+    fn a_key_learnt_at_the_end_of_a_generation_is_held_into_the_next_and_no_further() {
+        // Generations of hold_ms: learnt at 1_999 (generation 1), held until 2_999 in
+        // generation 2, whose first learn must not wipe it; gone in generation 3.
+        let c = OverLimit::new(100, 1_000);
+        let p = plan(vec![limit("lt:s:uid:1", 3), limit("lt:s:ip:1", 100)]);
+        c.learn(&p, &denied(60_000), c.epoch(), 1_999);
+        let other = plan(vec![limit("lt:s:uid:2", 3), limit("lt:s:ip:2", 100)]);
+        c.learn(&other, &denied(60_000), c.epoch(), 2_000);
+        assert!(
+            c.answer(&p, false, 2_998).is_some(),
+            "held into the next generation"
+        );
+        assert!(c.answer(&other, false, 2_998).is_some());
+        // Generation 3 reuses generation 1's bits: the key learnt then is past its hold.
+        let third = plan(vec![limit("lt:s:uid:3", 3), limit("lt:s:ip:3", 100)]);
+        c.learn(&third, &denied(60_000), c.epoch(), 3_000);
+        assert!(c.answer(&p, false, 3_000).is_none());
+        assert!(
+            c.answer(&other, false, 2_999).is_some(),
+            "generation 2 is kept"
+        );
+        assert!(c.answer(&third, false, 3_500).is_some());
+        // Another generation later, generation 2's array is cleared and reused in turn.
+        c.learn(&p, &denied(60_000), c.epoch(), 4_000);
+        assert!(c.answer(&p, false, 4_999).is_some());
+        assert!(
+            c.answer(&third, false, 3_999).is_some(),
+            "generation 3 is kept"
+        );
     }
 
     #[test]
