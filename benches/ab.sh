@@ -6,13 +6,15 @@
 #
 # Usage: benches/ab.sh BINARY_A BINARY_B      e.g. a copy of target/release/vigia before a
 #        change and the one after it
-#   STORE=embedded|redis (default embedded), DUR=seconds per run (15), CONNS (32).
+#   STORE=embedded|redis (default embedded), DUR=seconds per run (15), CONNS (32),
+#   SCRIPT (the wrk script, default benches/wrk/check.lua; benches/wrk/hammer.lua: the
+#   hammering workload, whose warm-up fills its hot accounts).
 # Needs: wrk, redis-server (STORE=redis), python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { sed -n 2,10p "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n 2,12p "$0"; exit 2; }
 command -v wrk >/dev/null || { echo "wrk is not on PATH (apt-get install wrk)" >&2; exit 1; }
-store=${STORE:-embedded}; dur=${DUR:-15}; conns=${CONNS:-32}
+store=${STORE:-embedded}; dur=${DUR:-15}; conns=${CONNS:-32}; script=${SCRIPT:-benches/wrk/check.lua}
 tmp=$(mktemp -d); pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
@@ -33,9 +35,9 @@ for round in 1 2; do
     VIGIA_LISTEN=127.0.0.1:$vport VIGIA_RULES_DIR=$tmp/rules VIGIA_STORE=$store VIGIA_DATA_DIR=$tmp/data \
       VIGIA_REDIS_URL=redis://127.0.0.1:$rport RUST_LOG=warn "$bin" --config config.toml &
     pid=$!; wait_port "$vport"
-    wrk -t1 -c16 -d3s -s benches/wrk/check.lua "http://127.0.0.1:$vport" >/dev/null # warm up
+    wrk -t1 -c16 -d3s -s "$script" "http://127.0.0.1:$vport" >/dev/null # warm up
     t0=$(cpu "$pid")
-    out=$(wrk -t1 -c"$conns" -d"${dur}s" --latency -s benches/wrk/check.lua "http://127.0.0.1:$vport")
+    out=$(wrk -t1 -c"$conns" -d"${dur}s" --latency -s "$script" "http://127.0.0.1:$vport")
     t1=$(cpu "$pid")
     reqs=$(awk '/requests in/ {print $1}' <<<"$out")
     rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
