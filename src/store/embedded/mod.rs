@@ -714,7 +714,7 @@ fn plan(locked: &mut Locked<'_>, op: &CheckOp, now: u64, evals: &[LimitEval]) ->
                     .max()
                     .unwrap_or(window);
                 writes.push(Op::AddMember {
-                    key: key.clone(),
+                    key,
                     score: now,
                     member: op.request_id.clone(),
                     retain,
