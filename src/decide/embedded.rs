@@ -117,7 +117,7 @@ impl Decider for EmbeddedDecider {
         let marks = plan.trust.is_some() && self.ledger.is_some();
         if marks || !plan.signals.is_empty() {
             if let Some(of) = self.windows.counted(
-                &plan.record_key,
+                plan.id_given.then_some(plan.record_key.as_str()),
                 plan.idempotency_key.as_deref(),
                 &plan.request_id,
             ) {

@@ -315,11 +315,15 @@ impl EmbeddedStore {
         // One walk of every shard a second, not two: the walk is cache misses over the
         // whole live state, and it holds each shard's lock against checks while it runs.
         let (_, weight) = self.reap_weighing();
-        let records = self.durable.as_ref().map_or(0, |d| d.journal.records());
-        if records > COMPACT_AFTER_RECORDS.max(2 * weight as u64) {
+        if self.journal_records() > COMPACT_AFTER_RECORDS.max(2 * weight as u64) {
             self.compact()?;
         }
         Ok(())
+    }
+
+    /// Journal records since the current generation started (0 in memory only).
+    fn journal_records(&self) -> u64 {
+        self.durable.as_ref().map_or(0, |d| d.journal.records())
     }
 
     fn shard_of(&self, key: &str) -> usize {
@@ -457,7 +461,7 @@ impl EmbeddedStore {
         EmbeddedStats {
             keys,
             weight,
-            journal_records: self.durable.as_ref().map_or(0, |d| d.journal.records()),
+            journal_records: self.journal_records(),
             disk_bytes: self.durable.as_ref().map_or(0, |d| d.journal.disk_bytes()),
         }
     }
@@ -466,17 +470,21 @@ impl EmbeddedStore {
     /// the repeat test a decision makes before it reads or writes anything else. (The
     /// check itself tests again under its locks, so a race between two copies of one
     /// request still counts it once.)
+    /// `record_key` is `None` for an id the service made: it cannot repeat, so only the
+    /// idempotency key (if any) is looked for, as in the check itself.
     pub fn counted(
         &self,
-        record_key: &str,
+        record_key: Option<&str>,
         idempotency_key: Option<&str>,
         request_id: &str,
     ) -> Option<String> {
+        if record_key.is_none() && idempotency_key.is_none() {
+            return None;
+        }
         let now = self.clock.now_ms();
-        let mut keys: Vec<&str> = vec![record_key];
-        keys.extend(idempotency_key);
+        let keys: Vec<&str> = record_key.into_iter().chain(idempotency_key).collect();
         let mut locked = self.lock_keys(&keys);
-        if locked.live(record_key, now).is_some() {
+        if record_key.is_some_and(|k| locked.live(k, now).is_some()) {
             return Some(request_id.to_string());
         }
         match idempotency_key.and_then(|k| locked.live(k, now)) {
