@@ -31,15 +31,9 @@
 mod entry;
 mod journal;
 mod ops;
+mod shard;
 pub mod window;
 
-use std::hash::BuildHasher;
-
-/// The hasher of shard choice and shard maps: keys carry ids callers send, so it is
-/// seeded per process (as quick_cache, the over-limit cache, is); foldhash's quality
-/// variant costs a fraction of SipHash on these 40-80 byte keys, hashed several times
-/// per check.
-type RandomState = foldhash::quality::RandomState;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -53,6 +47,7 @@ use crate::rules::Algorithm;
 use entry::{Entry, KeyHash, Tag};
 use journal::Journal;
 use ops::Op;
+use shard::{Hashed, Hasher, Shard};
 use window::{Bucket, Fixed, LimitEval, Sliding};
 
 /// Number of independently locked maps.
@@ -67,8 +62,6 @@ pub const REAP_EVERY: Duration = Duration::from_secs(1);
 pub const COMPACT_AFTER_RECORDS: u64 = 100_000;
 /// Snapshot ops per snapshot record.
 const SNAPSHOT_CHUNK: usize = 1024;
-
-type Shard = hashbrown::HashMap<String, Entry, RandomState>;
 
 /// Sizes, for tests and operators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +87,8 @@ pub struct KeyInfo {
 /// The embedded [`WindowStore`].
 pub struct EmbeddedStore {
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
+    /// Every key's one hash: its shard, and its place in the shard's table.
+    hasher: Hasher,
     /// The journal; `None` for a store kept in memory only.
     durable: Option<Durable>,
     clock: Arc<dyn Clock>,
@@ -182,46 +176,66 @@ struct Locked<'a> {
 }
 
 impl Locked<'_> {
-    fn shard(&mut self, key: &str) -> &mut Shard {
-        let i = self.store.shard_of(key);
+    fn shard(&mut self, hash: u64) -> &mut Shard {
+        let i = Hashed { key: "", hash }.shard(SHARDS);
         let pos = self.guards.iter().position(|(s, _)| *s == i).unwrap_or(0);
         &mut self.guards[pos].1
     }
 
-    /// The live entry under `key`; an expired one is dropped (replay drops it too).
-    fn live(&mut self, key: &str, now: u64) -> Option<&mut Entry> {
-        use hashbrown::hash_map::EntryRef;
-        // One lookup (a check reads each of its keys here; the map is mostly cache misses).
-        match self.shard(key).entry_ref(key) {
-            EntryRef::Occupied(e) if e.get().is_live(now) => Some(e.into_mut()),
-            EntryRef::Occupied(e) => {
-                e.remove();
-                None
-            }
-            EntryRef::Vacant(_) => None,
-        }
+    /// The live entry under `k`; an expired one is dropped (replay drops it too).
+    fn live(&mut self, k: Hashed<'_>, now: u64) -> Option<&mut Entry> {
+        self.shard(k.hash).live(k, now)
     }
 
-    /// Journals `ops` in one record, then applies them to memory.
-    fn commit(&mut self, now: u64, ops: Vec<Op>) -> Result<(), StoreError> {
-        if ops.is_empty() {
+    /// Journals `writes` in one record, then applies them to memory.
+    fn commit(&mut self, now: u64, writes: Writes) -> Result<(), StoreError> {
+        if writes.ops.is_empty() {
             return Ok(());
         }
         if let Some(durable) = &self.store.durable {
             let full = durable
                 .journal
-                .append(|out| ops::encode_into(now, &ops, out))
+                .append(|out| ops::encode_into(now, &writes.ops, out))
                 .map_err(journal_err)?;
             if full {
                 // The writer may already be awake; one wake-up pending is enough.
                 let _ = durable.wake.try_send(());
             }
         }
-        for op in ops {
-            let shard = self.shard(op.key());
-            ops::apply(shard, now, op);
+        for (op, hash) in writes.ops.into_iter().zip(writes.hashes) {
+            ops::apply(self.shard(hash), hash, now, op);
         }
         Ok(())
+    }
+}
+
+/// A check's keys, each hashed once.
+struct Keys<'k> {
+    record: Hashed<'k>,
+    idempotency: Option<Hashed<'k>>,
+    /// Parallel to the check's limits.
+    limits: Vec<Hashed<'k>>,
+}
+
+/// What a check or refund writes: ops, each with its key's hash, so applying them hashes
+/// nothing again.
+#[derive(Default)]
+struct Writes {
+    ops: Vec<Op>,
+    hashes: Vec<u64>,
+}
+
+impl Writes {
+    fn with_capacity(n: usize) -> Self {
+        Writes {
+            ops: Vec::with_capacity(n),
+            hashes: Vec::with_capacity(n),
+        }
+    }
+
+    fn push(&mut self, hash: u64, op: Op) {
+        self.hashes.push(hash);
+        self.ops.push(op);
     }
 }
 
@@ -236,17 +250,16 @@ impl EmbeddedStore {
         for (file, bytes) in &recovered.dropped {
             tracing::warn!(file = %file.display(), bytes, "embedded store: dropped the torn or damaged tail of a journal (a crash while writing it)");
         }
-        // Each map its own seed: keys of one shard share their shard hash's low bits,
-        // which must not also be their bucket bits inside it.
-        let hasher = RandomState::default();
-        let mut shards: Vec<Shard> = (0..SHARDS).map(|_| Shard::default()).collect();
-        let shard_of = |key: &str| (hasher.hash_one(key) % SHARDS as u64) as usize;
+        let hasher = Hasher::default();
+        let mut shards: Vec<Shard> = (0..SHARDS).map(|_| Shard::new(hasher.clone())).collect();
         let mut damaged = 0;
         for record in &recovered.records {
             match ops::decode(record) {
                 Some((now, ops)) => {
                     for op in ops {
-                        ops::apply(&mut shards[shard_of(op.key())], now, op);
+                        let k = Hashed::new(&hasher, op.key());
+                        let (i, hash) = (k.shard(SHARDS), k.hash);
+                        ops::apply(&mut shards[i], hash, now, op);
                     }
                 }
                 None => damaged += 1,
@@ -257,7 +270,7 @@ impl EmbeddedStore {
         }
         let now = clock.now_ms();
         for shard in &mut shards {
-            shard.retain(|_, e| e.is_live(now));
+            shard.retain(|e| e.is_live(now));
         }
         let journal =
             Journal::create(dir, recovered.next).map_err(|e| unavailable(e.to_string()))?;
@@ -280,9 +293,12 @@ impl EmbeddedStore {
     /// An empty store that keeps nothing on disk: same answers, no journal, nothing
     /// survives the process. For state that is thrown away anyway (`vigia simulate`).
     pub fn in_memory(clock: Arc<dyn Clock>) -> Arc<EmbeddedStore> {
+        let hasher = Hasher::default();
         Arc::new(EmbeddedStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            hasher: RandomState::default(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(Shard::new(hasher.clone())))
+                .collect(),
+            hasher,
             durable: None,
             clock,
             reaper_stop: Mutex::new(None),
@@ -326,12 +342,12 @@ impl EmbeddedStore {
         self.durable.as_ref().map_or(0, |d| d.journal.records())
     }
 
-    fn shard_of(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) % SHARDS as u64) as usize
+    fn hashed<'k>(&self, key: &'k str) -> Hashed<'k> {
+        Hashed::new(&self.hasher, key)
     }
 
-    fn lock_keys<'a>(&'a self, keys: &[&str]) -> Locked<'a> {
-        let mut idx: Vec<usize> = keys.iter().map(|k| self.shard_of(k)).collect();
+    fn lock_keys<'k>(&self, keys: impl Iterator<Item = Hashed<'k>>) -> Locked<'_> {
+        let mut idx: Vec<usize> = keys.map(|k| k.shard(SHARDS)).collect();
         idx.sort_unstable();
         idx.dedup();
         Locked {
@@ -357,7 +373,7 @@ impl EmbeddedStore {
         for shard in self.shards.iter() {
             let mut map = lock(shard);
             let before = map.len();
-            map.retain(|_, e| {
+            map.retain(|e| {
                 let live = e.is_live(now);
                 if live {
                     weight += e.weight();
@@ -425,8 +441,9 @@ impl EmbeddedStore {
     /// One live key as it stands: members held (1 for non-sliding keys) and ms to expiry.
     pub fn inspect(&self, key: &str) -> Option<KeyInfo> {
         let now = self.clock.now_ms();
-        let map = lock(&self.shards[self.shard_of(key)]);
-        map.get(key).filter(|e| e.is_live(now)).map(|e| KeyInfo {
+        let k = self.hashed(key);
+        let map = lock(&self.shards[k.shard(SHARDS)]);
+        map.get(k).filter(|e| e.is_live(now)).map(|e| KeyInfo {
             weight: e.weight(),
             ttl_ms: e.expires_at() - now,
         })
@@ -442,7 +459,7 @@ impl EmbeddedStore {
                 lock(s)
                     .iter()
                     .filter(|(_, e)| e.is_live(now))
-                    .map(|(k, _)| k.clone())
+                    .map(|(k, _)| k.to_string())
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -456,7 +473,7 @@ impl EmbeddedStore {
         for shard in self.shards.iter() {
             let map = lock(shard);
             keys += map.len();
-            weight += map.values().map(Entry::weight).sum::<usize>();
+            weight += map.iter().map(|(_, e)| e.weight()).sum::<usize>();
         }
         EmbeddedStats {
             keys,
@@ -482,8 +499,9 @@ impl EmbeddedStore {
             return None;
         }
         let now = self.clock.now_ms();
-        let keys: Vec<&str> = record_key.into_iter().chain(idempotency_key).collect();
-        let mut locked = self.lock_keys(&keys);
+        let record_key = record_key.map(|k| self.hashed(k));
+        let idempotency_key = idempotency_key.map(|k| self.hashed(k));
+        let mut locked = self.lock_keys(record_key.into_iter().chain(idempotency_key));
         if record_key.is_some_and(|k| locked.live(k, now).is_some()) {
             return Some(request_id.to_string());
         }
@@ -495,18 +513,25 @@ impl EmbeddedStore {
 
     fn check_now(&self, op: &CheckOp) -> Result<CheckOutcome, StoreError> {
         let now = self.clock.now_ms();
-        let mut keys: Vec<&str> = vec![&op.record_key];
-        keys.extend(op.idempotency_key.as_deref());
-        keys.extend(op.limits.iter().map(|l| l.key.as_str()));
-        let mut locked = self.lock_keys(&keys);
+        // Each key hashed once, here: its shard, then every lookup and write in it.
+        let keys = Keys {
+            record: self.hashed(&op.record_key),
+            idempotency: op.idempotency_key.as_deref().map(|k| self.hashed(k)),
+            limits: op.limits.iter().map(|l| self.hashed(&l.key)).collect(),
+        };
+        let mut locked = self.lock_keys(
+            std::iter::once(keys.record)
+                .chain(keys.idempotency)
+                .chain(keys.limits.iter().copied()),
+        );
 
         // The same request id twice counts once; the same idempotency key names the first.
-        if op.id_given && locked.live(&op.record_key, now).is_some() {
+        if op.id_given && locked.live(keys.record, now).is_some() {
             return Ok(CheckOutcome::Duplicate {
                 of: op.request_id.clone(),
             });
         }
-        if let Some(idem) = &op.idempotency_key {
+        if let Some(idem) = keys.idempotency {
             if let Some(Entry::Idem { request_id, .. }) = locked.live(idem, now) {
                 return Ok(CheckOutcome::Duplicate {
                     of: request_id.clone(),
@@ -518,7 +543,8 @@ impl EmbeddedStore {
         let evals: Vec<LimitEval> = op
             .limits
             .iter()
-            .map(|l| evaluate(&mut locked, l, now, op.dry_run))
+            .zip(&keys.limits)
+            .map(|(l, k)| evaluate(&mut locked, l, *k, now, op.dry_run))
             .collect();
         let states = |after: bool| -> Vec<LimitState> {
             evals
@@ -541,7 +567,7 @@ impl EmbeddedStore {
         }
 
         // Phase 2: every write as an op, journaled, then applied.
-        let writes = plan(&mut locked, op, now, &evals);
+        let writes = plan(&mut locked, op, &keys, now, &evals);
         locked.commit(now, writes)?;
         Ok(CheckOutcome::Allowed {
             limits: states(true),
@@ -552,18 +578,20 @@ impl EmbeddedStore {
         let now = self.clock.now_ms();
         // Where a request counted before an upgrade has its record (keys::legacy_record_key).
         let legacy = legacy_record_key(&op.records_key, &op.request_id);
-        let mut keys: Vec<&str> = vec![&op.record_key];
-        keys.extend(legacy.as_deref());
-        keys.extend(op.keys.iter().map(String::as_str));
-        let mut locked = self.lock_keys(&keys);
+        let records: Vec<Hashed<'_>> = std::iter::once(op.record_key.as_str())
+            .chain(legacy.as_deref())
+            .map(|k| self.hashed(k))
+            .collect();
+        let targets: Vec<Hashed<'_>> = op.keys.iter().map(|k| self.hashed(k)).collect();
+        let mut locked = self.lock_keys(records.iter().chain(&targets).copied());
         let mut record = None;
-        for key in std::iter::once(&op.record_key).chain(legacy.as_ref()) {
+        for key in &records {
             if let Some(Entry::Record {
                 keys: counted,
                 expires_at,
-            }) = locked.live(key, now).cloned()
+            }) = locked.live(*key, now).cloned()
             {
-                record = Some((key, counted, expires_at));
+                record = Some((*key, counted, expires_at));
                 break;
             }
         }
@@ -571,19 +599,23 @@ impl EmbeddedStore {
             return Ok(false);
         };
         let mut remaining = counted.clone();
-        let mut writes = Vec::new();
+        let mut writes = Writes::default();
         let mut undone = 0;
-        for key in &op.keys {
+        for target in &targets {
+            let (key, hashed) = (target.key, *target);
             let hash = KeyHash::of(key);
             let Some(pos) = remaining.iter().position(|(k, _)| *k == hash) else {
                 // Not named: a sliding window holds the request id if it counted there
                 // (only this request added it), as refund.lua's ZREM.
-                if let Some(Entry::Sliding { set, .. }) = locked.live(key, now) {
+                if let Some(Entry::Sliding { set, .. }) = locked.live(hashed, now) {
                     if set.members.iter().any(|(_, m)| **m == *op.request_id) {
-                        writes.push(Op::RemoveMember {
-                            key: key.clone(),
-                            member: op.request_id.clone(),
-                        });
+                        writes.push(
+                            hashed.hash,
+                            Op::RemoveMember {
+                                key: key.to_string(),
+                                member: op.request_id.clone(),
+                            },
+                        );
                         undone += 1;
                     }
                 }
@@ -591,7 +623,7 @@ impl EmbeddedStore {
             };
             let (_, tag) = remaining.remove(pos);
             undone += 1;
-            match (tag, locked.live(key, now).cloned()) {
+            match (tag, locked.live(hashed, now).cloned()) {
                 // A window that has rolled over already forgot the request.
                 (
                     Tag::Fixed { start },
@@ -601,10 +633,13 @@ impl EmbeddedStore {
                     }),
                 ) if state.start == start && state.count > 0 => {
                     state.count -= 1;
-                    writes.push(Op::Put {
-                        key: key.clone(),
-                        entry: Entry::Fixed { state, expires_at },
-                    });
+                    writes.push(
+                        hashed.hash,
+                        Op::Put {
+                            key: key.to_string(),
+                            entry: Entry::Fixed { state, expires_at },
+                        },
+                    );
                 }
                 (
                     Tag::Bucket,
@@ -614,10 +649,13 @@ impl EmbeddedStore {
                     }),
                 ) => {
                     state.tokens = (state.tokens + 1.0).min(state.cap as f64);
-                    writes.push(Op::Put {
-                        key: key.clone(),
-                        entry: Entry::Bucket { state, expires_at },
-                    });
+                    writes.push(
+                        hashed.hash,
+                        Op::Put {
+                            key: key.to_string(),
+                            entry: Entry::Bucket { state, expires_at },
+                        },
+                    );
                 }
                 _ => {}
             }
@@ -627,13 +665,16 @@ impl EmbeddedStore {
         }
         // Undone keys leave the record; the record stays (its id is still a duplicate).
         if remaining.len() != counted.len() {
-            writes.push(Op::Put {
-                key: record_key.clone(),
-                entry: Entry::Record {
-                    keys: remaining,
-                    expires_at,
+            writes.push(
+                record_key.hash,
+                Op::Put {
+                    key: record_key.key.to_string(),
+                    entry: Entry::Record {
+                        keys: remaining,
+                        expires_at,
+                    },
                 },
-            });
+            );
         }
         locked.commit(now, writes)?;
         Ok(true)
@@ -660,10 +701,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Phase 1 for one limit: trims (unless dry run) and evaluates.
-fn evaluate(locked: &mut Locked<'_>, l: &LimitOp, now: u64, dry_run: bool) -> LimitEval {
+fn evaluate(
+    locked: &mut Locked<'_>,
+    l: &LimitOp,
+    key: Hashed<'_>,
+    now: u64,
+    dry_run: bool,
+) -> LimitEval {
     let window = l.window_ms.max(1);
     match l.algorithm {
-        Algorithm::SlidingWindow => match locked.live(&l.key, now) {
+        Algorithm::SlidingWindow => match locked.live(key, now) {
             Some(Entry::Sliding { set, .. }) => {
                 if !dry_run {
                     // Trimmed members are outside every window sharing the key; replay
@@ -675,14 +722,14 @@ fn evaluate(locked: &mut Locked<'_>, l: &LimitOp, now: u64, dry_run: bool) -> Li
             _ => Sliding::default().evaluate(now, window, l.max),
         },
         Algorithm::FixedWindow => {
-            let stored = match locked.live(&l.key, now) {
+            let stored = match locked.live(key, now) {
                 Some(Entry::Fixed { state, .. }) => Some(*state),
                 _ => None,
             };
             Fixed::evaluate(stored.as_ref(), now, window, l.max)
         }
         Algorithm::TokenBucket => {
-            let stored = match locked.live(&l.key, now) {
+            let stored = match locked.live(key, now) {
                 Some(Entry::Bucket { state, .. }) => Some(*state),
                 _ => None,
             };
@@ -694,8 +741,14 @@ fn evaluate(locked: &mut Locked<'_>, l: &LimitOp, now: u64, dry_run: bool) -> Li
 
 /// Phase 2's writes for an allowed check. A key named twice (sliding limits sharing a
 /// ZSET) is written once, kept for the longest retain.
-fn plan(locked: &mut Locked<'_>, op: &CheckOp, now: u64, evals: &[LimitEval]) -> Vec<Op> {
-    let mut writes = Vec::with_capacity(op.limits.len() + 2);
+fn plan(
+    locked: &mut Locked<'_>,
+    op: &CheckOp,
+    keys: &Keys<'_>,
+    now: u64,
+    evals: &[LimitEval],
+) -> Writes {
+    let mut writes = Writes::with_capacity(op.limits.len() + 2);
     let mut written: Vec<&str> = Vec::with_capacity(op.limits.len());
     // Sized to what it will hold: it lives on as the record for the whole horizon, and a
     // Vec grown by pushes keeps twice the room it needs (~50 B per record measured).
@@ -705,7 +758,8 @@ fn plan(locked: &mut Locked<'_>, op: &CheckOp, now: u64, evals: &[LimitEval]) ->
             .filter(|l| l.algorithm != Algorithm::SlidingWindow)
             .count(),
     );
-    for (l, e) in op.limits.iter().zip(evals) {
+    for ((l, e), hashed) in op.limits.iter().zip(evals).zip(&keys.limits) {
+        let hash = hashed.hash;
         if written.contains(&l.key.as_str()) {
             continue;
         }
@@ -721,12 +775,15 @@ fn plan(locked: &mut Locked<'_>, op: &CheckOp, now: u64, evals: &[LimitEval]) ->
                     .map(|o| o.retain_ms.max(o.window_ms))
                     .max()
                     .unwrap_or(window);
-                writes.push(Op::AddMember {
-                    key,
-                    score: now,
-                    member: op.request_id.clone(),
-                    retain,
-                });
+                writes.push(
+                    hash,
+                    Op::AddMember {
+                        key,
+                        score: now,
+                        member: op.request_id.clone(),
+                        retain,
+                    },
+                );
             }
             Algorithm::FixedWindow => {
                 let state = Fixed {
@@ -738,39 +795,48 @@ fn plan(locked: &mut Locked<'_>, op: &CheckOp, now: u64, evals: &[LimitEval]) ->
                     state,
                 };
                 counted.push((KeyHash::of(&key), Tag::Fixed { start: state.start }));
-                writes.push(Op::Put { key, entry });
+                writes.push(hash, Op::Put { key, entry });
             }
             Algorithm::TokenBucket => {
-                let stored = match locked.shard(&key).get(&key) {
+                let stored = match locked.shard(hash).get(*hashed) {
                     Some(Entry::Bucket { state, .. }) => Some(*state),
                     _ => None,
                 };
                 let tokens = Bucket::level(stored.as_ref(), now, window, l.max);
                 let (state, expires_at) = Bucket::spend(tokens, now, window, l.max);
                 counted.push((KeyHash::of(&key), Tag::Bucket));
-                writes.push(Op::Put {
-                    key,
-                    entry: Entry::Bucket { state, expires_at },
-                });
+                writes.push(
+                    hash,
+                    Op::Put {
+                        key,
+                        entry: Entry::Bucket { state, expires_at },
+                    },
+                );
             }
         }
     }
     let expires_at = now + op.record_ttl_ms.max(1);
-    writes.push(Op::Put {
-        key: op.record_key.clone(),
-        entry: Entry::Record {
-            keys: counted,
-            expires_at,
-        },
-    });
-    if let Some(idem) = &op.idempotency_key {
-        writes.push(Op::Put {
-            key: idem.clone(),
-            entry: Entry::Idem {
-                request_id: op.request_id.clone(),
+    writes.push(
+        keys.record.hash,
+        Op::Put {
+            key: op.record_key.clone(),
+            entry: Entry::Record {
+                keys: counted,
                 expires_at,
             },
-        });
+        },
+    );
+    if let (Some(idem), Some(hashed)) = (&op.idempotency_key, keys.idempotency) {
+        writes.push(
+            hashed.hash,
+            Op::Put {
+                key: idem.clone(),
+                entry: Entry::Idem {
+                    request_id: op.request_id.clone(),
+                    expires_at,
+                },
+            },
+        );
     }
     writes
 }

@@ -7,6 +7,7 @@
 //! byte in a key or id can be mistaken for structure.
 
 use super::entry::{Entry, KeyHash, Tag};
+use super::shard::{Hashed, Shard};
 use super::window::{Bucket, Fixed, Sliding};
 use crate::store::EXPIRY_MARGIN_MS;
 
@@ -34,12 +35,9 @@ impl Op {
     }
 }
 
-/// Applies one op to the map holding its key, as of `now`.
-pub fn apply<S: std::hash::BuildHasher>(
-    map: &mut hashbrown::HashMap<String, Entry, S>,
-    now: u64,
-    op: Op,
-) {
+/// Applies one op to the shard holding its key (`hash`: the key's, under the store's
+/// hasher), as of `now`.
+pub fn apply(shard: &mut Shard, hash: u64, now: u64, op: Op) {
     match op {
         Op::AddMember {
             key,
@@ -48,14 +46,16 @@ pub fn apply<S: std::hash::BuildHasher>(
             retain,
         } => {
             // An expired key is absent: a new window starts from nothing.
-            if map.get(&key).is_some_and(|e| !e.is_live(now)) {
-                map.remove(&key);
-            }
-            let e = map.entry(key).or_insert_with(|| Entry::Sliding {
-                set: Sliding::default(),
-                retain,
-                expires_at: 0,
-            });
+            let e = shard.upsert(
+                hash,
+                key,
+                |e| !e.is_live(now),
+                || Entry::Sliding {
+                    set: Sliding::default(),
+                    retain,
+                    expires_at: 0,
+                },
+            );
             if let Entry::Sliding {
                 set,
                 retain: r,
@@ -69,13 +69,11 @@ pub fn apply<S: std::hash::BuildHasher>(
             }
         }
         Op::RemoveMember { key, member } => {
-            if let Some(Entry::Sliding { set, .. }) = map.get_mut(&key) {
+            if let Some(Entry::Sliding { set, .. }) = shard.get_mut(Hashed { key: &key, hash }) {
                 set.remove(&member);
             }
         }
-        Op::Put { key, entry } => {
-            map.insert(key, entry);
-        }
+        Op::Put { key, entry } => shard.insert(hash, key, entry),
     }
 }
 
@@ -414,9 +412,12 @@ mod tests {
 
     #[test]
     fn replay_rebuilds_what_apply_built() {
-        let mut live = hashbrown::HashMap::new();
+        let hasher = super::super::shard::Hasher::default();
+        let hash = |k: &str| Hashed::new(&hasher, k).hash;
+        let mut live = Shard::new(hasher.clone());
         apply(
             &mut live,
+            hash("k"),
             100,
             Op::AddMember {
                 key: "k".into(),
@@ -426,11 +427,13 @@ mod tests {
             },
         );
         let mut snapshot = Vec::new();
-        recreate("k", &live["k"], &mut snapshot);
-        let mut rebuilt = hashbrown::HashMap::new();
+        let held = live.get(Hashed::new(&hasher, "k")).cloned();
+        recreate("k", held.as_ref().expect("k was added"), &mut snapshot);
+        let mut rebuilt = Shard::new(hasher.clone());
         for op in snapshot {
-            apply(&mut rebuilt, 100, op);
+            apply(&mut rebuilt, hash(op.key()), 100, op);
         }
-        assert_eq!(live, rebuilt);
+        assert_eq!(rebuilt.get(Hashed::new(&hasher, "k")).cloned(), held);
+        assert_eq!(rebuilt.len(), live.len());
     }
 }
