@@ -325,15 +325,22 @@ impl<'s> Lua<'s> {
         );
     }
 
-    /// The longest retain among the limits writing key `i` (limit i and those sharing it).
-    fn retain(&self, i: usize) -> u64 {
+    /// The limits (numbered from 1, as in the text) writing key `i`: limit i and those
+    /// sharing its key.
+    fn sharing(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
         let me = (i - 1) as u8;
         self.shape
             .0
             .iter()
             .enumerate()
-            .filter(|(j, l)| *j == i - 1 || l.same_key_as == Some(me))
-            .map(|(_, l)| l.retain_ms)
+            .filter(move |(j, l)| *j == i - 1 || l.same_key_as == Some(me))
+            .map(|(j, _)| j + 1)
+    }
+
+    /// The longest retain among the limits writing key `i` (limit i and those sharing it).
+    fn retain(&self, i: usize) -> u64 {
+        self.sharing(i)
+            .map(|j| self.limit(j).retain_ms)
             .max()
             .unwrap_or(self.limit(i).retain_ms)
     }
@@ -349,9 +356,16 @@ impl<'s> Lua<'s> {
         match l.algorithm {
             Algorithm::SlidingWindow => {
                 let retain = self.retain(i);
+                // Trimmed only when a limit on the key found a member in its window
+                // (limits.lua, limits_record: why).
+                let counted = self
+                    .sharing(i)
+                    .map(|j| format!("c{j} > 0"))
+                    .collect::<Vec<_>>()
+                    .join(" or ");
                 let _ = writeln!(
                     self.out,
-                    "redis.call('ZREMRANGEBYSCORE', k{i}, '-inf', now - {retain})\n\
+                    "if {counted} then redis.call('ZREMRANGEBYSCORE', k{i}, '-inf', now - {retain}) end\n\
                      redis.call('ZADD', k{i}, now, rid)\n\
                      redis.call('PEXPIRE', k{i}, {expire})",
                     expire = retain + margin

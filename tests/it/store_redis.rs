@@ -53,6 +53,38 @@ async fn a_member_inside_the_window_survives_the_first_ones_expiry() {
 }
 
 #[tokio::test]
+async fn a_sliding_key_is_trimmed_only_by_an_add_that_finds_a_member_in_its_window() {
+    // A trim is a Redis call (~4 % of the bench scene's script); most adds go to a key
+    // that does not exist yet, where there is nothing to trim.
+    let env = Env::redis().await;
+    let Inspect::Redis(server) = &env.inspect else {
+        unreachable!()
+    };
+    let trims = |s: &RedisServer| {
+        s.command_calls()
+            .get("zremrangebyscore")
+            .copied()
+            .unwrap_or(0)
+    };
+    let lim = [sliding("lt:test:uid:trim", 10 * SEC, 5)];
+    env.clock.set(T0);
+    assert_eq!(allowed(env.dyn_store(), &op("t1", &lim)).await, [1]);
+    assert_eq!(trims(server), 0, "a new key was trimmed");
+    // Past t1's window, inside its key's expiry margin: no count sees t1, and this add
+    // finds no member in the window, so t1 stays.
+    env.clock.set(T0 + 10 * SEC + EXPIRY_MARGIN_MS / 2);
+    assert_eq!(allowed(env.dyn_store(), &op("t2", &lim)).await, [1]);
+    assert_eq!(trims(server), 0);
+    assert_eq!(redis_zcard(server, &lim[0].key), 2);
+    // The next add finds t2 in the window: t1 goes.
+    env.clock.advance(SEC);
+    assert_eq!(allowed(env.dyn_store(), &op("t3", &lim)).await, [2]);
+    assert_eq!(trims(server), 1);
+    assert_eq!(redis_zcard(server, &lim[0].key), 2);
+    assert_eq!(counts(env.dyn_store(), &lim).await, [2]);
+}
+
+#[tokio::test]
 async fn a_deny_touches_no_expiry() {
     let env = Env::redis().await;
     let Inspect::Redis(server) = &env.inspect else {
