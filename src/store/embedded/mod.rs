@@ -177,7 +177,7 @@ struct Locked<'a> {
 
 impl Locked<'_> {
     fn shard(&mut self, hash: u64) -> &mut Shard {
-        let i = Hashed { key: "", hash }.shard(SHARDS);
+        let i = shard::shard_of(hash, SHARDS);
         let pos = self.guards.iter().position(|(s, _)| *s == i).unwrap_or(0);
         &mut self.guards[pos].1
     }
@@ -601,10 +601,11 @@ impl EmbeddedStore {
         let mut remaining = counted.clone();
         let mut writes = Writes::default();
         let mut undone = 0;
-        for target in &targets {
-            let (key, hashed) = (target.key, *target);
-            let hash = KeyHash::of(key);
-            let Some(pos) = remaining.iter().position(|(k, _)| *k == hash) else {
+        for &hashed in &targets {
+            let key = hashed.key;
+            // How the record names the key (a fixed hash, not the table's).
+            let named = KeyHash::of(key);
+            let Some(pos) = remaining.iter().position(|(k, _)| *k == named) else {
                 // Not named: a sliding window holds the request id if it counted there
                 // (only this request added it), as refund.lua's ZREM.
                 if let Some(Entry::Sliding { set, .. }) = locked.live(hashed, now) {

@@ -28,12 +28,17 @@ impl<'k> Hashed<'k> {
         }
     }
 
-    /// The shard of `shards` this key lives in. From the hash's bits 40 and up: the
-    /// table inside the shard takes its bucket from the low bits and its tag from the top
-    /// seven, so keys that share a shard do not also share buckets.
+    /// The shard of `shards` this key lives in ([`shard_of`]).
     pub fn shard(&self, shards: usize) -> usize {
-        ((self.hash >> 40) as usize) % shards
+        shard_of(self.hash, shards)
     }
+}
+
+/// The shard of `shards` a key hashed as `hash` lives in. From the hash's bits 40 and up:
+/// the table inside the shard takes its bucket from the low bits and its tag from the top
+/// seven, so keys that share a shard do not also share buckets.
+pub fn shard_of(hash: u64, shards: usize) -> usize {
+    ((hash >> 40) as usize) % shards
 }
 
 /// The keys of one shard and what each holds.
