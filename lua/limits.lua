@@ -236,12 +236,12 @@ local function limits_record(limits, now, request_id, records_key, idem_field, r
       written[key] = true
       if l.algo == 's' then
         -- Members at or before now - retain are outside every window sharing this key.
-        -- Trimmed only when some limit found a member inside its window: a key with none
-        -- is nearly always absent (a new user, device or address: nothing to trim, and
-        -- a Redis call is ~4 % of the bench scene's script), else it holds only members past every
-        -- window, which no count sees. Those stay until an add that finds a member
-        -- inside, or the key's expiry: it is live only while its newest member is within
-        -- retain + MARGIN, so they outlive only adds that each land in that margin.
+        -- Trimmed only when some limit found a member inside its window. A key with none
+        -- is nearly always absent (a new user, device or address: nothing to trim, and a
+        -- Redis call is ~4 % of the bench scene's script); else it holds only members
+        -- past every window, which no count sees. Those stay until an add that finds a
+        -- member inside, or the key's expiry: it is live only while its newest member is
+        -- within retain + MARGIN, so they outlive only adds that each land in that margin.
         if counted_in[key] then
           redis.call('ZREMRANGEBYSCORE', key, '-inf', now - retain_of[key])
         end
