@@ -40,6 +40,7 @@ use vigia::check::plan::plan;
 use vigia::check::request::parse_check;
 use vigia::decide::redis::RedisDecider;
 use vigia::decide::{Decided, Decider, Outcome};
+use vigia::keys::KeyPrefix;
 use vigia::rules::{load_dir, RuleSet};
 use vigia::store::redis::RedisStore;
 
@@ -203,7 +204,7 @@ async fn drive(decider: &RedisDecider, rules: &RuleSet, tag: &str, n: u64) -> Co
             let req = parse_check(rules, &body(tag, i, n), now_ms).expect("valid check");
             assert!(!req.device_invalid);
             let (plan, _) = plan(
-                PREFIX,
+                &KeyPrefix::plain(PREFIX),
                 rules,
                 &req,
                 vigia::config::DEFAULT_RECORD_HORIZON_MS,

@@ -21,6 +21,7 @@ use crate::decision_log::DecisionLog;
 use crate::http::recording::Recording;
 use crate::http::{self, AppState};
 use crate::invalidating::{AwardsInvalidate, RefundsInvalidate};
+use crate::keys::KeyPrefix;
 use crate::metrics::Metrics;
 use crate::record::{RecordError, Recorder};
 use crate::refund::Refunds;
@@ -198,7 +199,7 @@ async fn open_stores(
             let decider = RedisDecider::new(link.clone(), redis_clock(clock))
                 .await
                 .map_err(redis_err)?;
-            let ledger = RedisLedger::new(link, &config.store.key_prefix)
+            let ledger = RedisLedger::new(link, &key_prefix(config))
                 .await
                 .map_err(redis_err)?;
             let ledger = match redis_clock(clock) {
@@ -219,6 +220,14 @@ async fn open_stores(
         }
         StoreBackend::RedisCluster => return Err(StartError::Backend("redis_cluster")),
     })
+}
+
+/// The keys' prefix, hash-tagged when the store is a cluster.
+fn key_prefix(config: &Config) -> KeyPrefix {
+    match config.store.backend {
+        StoreBackend::RedisCluster => KeyPrefix::tagged(&config.store.key_prefix),
+        StoreBackend::Embedded | StoreBackend::Redis => KeyPrefix::plain(&config.store.key_prefix),
+    }
 }
 
 /// Builds the deciding parts for `ruleset` on `clock`. Starts no background task that
@@ -280,7 +289,7 @@ pub async fn build_core(
         None => (store.clone(), ledger),
     };
     let refunds = Arc::new(
-        Refunds::new(refund_store, metrics.clone(), &config.store.key_prefix)
+        Refunds::new(refund_store, metrics.clone(), &key_prefix(config))
             .with_record_horizon(config.store.record_horizon_ms),
     );
     let mut checker = Checker::new(
@@ -288,7 +297,7 @@ pub async fn build_core(
         store,
         local,
         metrics.clone(),
-        &config.store.key_prefix,
+        &key_prefix(config),
         clock.clone(),
     )
     .with_record_horizon(config.store.record_horizon_ms);

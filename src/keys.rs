@@ -20,6 +20,11 @@
 //! `<prefix>:trust-points:uid:<user>`, `<prefix>:user-seen:uid:<user>`,
 //! `<prefix>:device-seen:did:<device>` (sightings kept [`SEEN_RETENTION_MS`]). A sliding
 //! limit over no dimension (a scene-wide budget) counts in `<prefix>:<scene>:all`.
+//!
+//! On Redis Cluster ([`KeyPrefix::tagged`]) each key's first entity is a hash tag
+//! (`lt:coupon_claim:{uid:10086}:aid:2026verano`, `lt:trust-points:{uid:10086}`), and a
+//! key of no entity tags its scene (`lt:{coupon_claim}:all`): one entity's keys share a
+//! slot, so a check touches one slot group per entity it names.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -65,15 +70,35 @@ pub fn encode_into(out: &mut String, value: &str) {
     }
 }
 
-/// Appends `:<abbrev>:<value>` per dimension; `None` when a value is absent.
-fn push_dimensions(k: &mut String, dims: &[Dimension], values: &DimensionValues) -> Option<()> {
-    for d in dims {
-        k.push(':');
-        k.push_str(&d.key_abbrev());
-        k.push(':');
-        encode_into(k, values.get(d)?);
+/// Appends `:<abbrev>:<value>` per dimension, the first in a hash tag when `tagged`
+/// (`:{uid:10086}:aid:2026verano`); `None` when a value is absent.
+fn push_dimensions(
+    k: &mut String,
+    dims: &[Dimension],
+    values: &DimensionValues,
+    tagged: bool,
+) -> Option<()> {
+    for (i, d) in dims.iter().enumerate() {
+        push_entity(k, d, values.get(d)?, tagged && i == 0);
     }
     Some(())
+}
+
+/// Appends `:<abbrev>:<value>`, or `:{<abbrev>:<value>}` as a hash tag. A tag holds a
+/// `:` and an encoded value holds no `{` or `}`, so the tag is exactly the entity: every
+/// key of one entity (any scene, any prefix) hashes to one cluster slot, and no tag of an
+/// entity equals a scene's tag (`{coupon_claim}`, scene names hold no `:`).
+fn push_entity(k: &mut String, d: &Dimension, value: &str, tag: bool) {
+    k.push(':');
+    if tag {
+        k.push('{');
+    }
+    k.push_str(&d.key_abbrev());
+    k.push(':');
+    encode_into(k, value);
+    if tag {
+        k.push('}');
+    }
 }
 
 /// `<prefix>:<scene>:req:<id>`: where both stores kept a request's record before 2026-12,
@@ -96,12 +121,15 @@ pub fn legacy_record_key(records_key: &str, request_id: &str) -> Option<String> 
     Some(k)
 }
 
-/// Appends `:<abbrev>:<value>` of the check's first entity among the scene's `required`
-/// dimensions (user, device, address, activity, then attributes in the order required),
-/// or `:all` when the scene requires none: what a request's records are kept under. Only
+/// The check's first entity among the scene's `required` dimensions (user, device,
+/// address, activity, then attributes in the order required), `None` when the scene
+/// requires none: what a request's records are kept under. Only
 /// a required dimension: a retry or a refund must find the record, and only the required
 /// ones are sure to come back with them.
-fn push_first_entity(k: &mut String, values: &DimensionValues, required: &[Dimension]) {
+fn first_entity<'v>(
+    values: &'v DimensionValues,
+    required: &'v [Dimension],
+) -> Option<(&'v Dimension, &'v str)> {
     let rank = |d: &Dimension| match d {
         Dimension::User => 0,
         Dimension::Device => 1,
@@ -111,19 +139,10 @@ fn push_first_entity(k: &mut String, values: &DimensionValues, required: &[Dimen
         Dimension::Attr(_) => 5,
     };
     // min_by_key keeps the first of equals: attributes in the order the scene lists them.
-    let first = required
+    required
         .iter()
         .filter_map(|d| values.get(d).map(|v| (d, v)))
-        .min_by_key(|(d, _)| rank(d));
-    match first {
-        Some((d, value)) => {
-            k.push(':');
-            k.push_str(&d.key_abbrev());
-            k.push(':');
-            encode_into(k, value);
-        }
-        None => k.push_str(":all"),
-    }
+        .min_by_key(|(d, _)| rank(d))
 }
 
 /// The three sets a signal may keep per entity.
@@ -154,32 +173,76 @@ impl SignalKey {
 /// is acceptable, while keeping every user ever seen forever is not.
 pub const SEEN_RETENTION_MS: u64 = 90 * 86_400_000;
 
-/// `<prefix>:trust-points:uid:<user>`: the user's awards. The segment after the prefix
-/// holds a hyphen, which scene names cannot: no trust key collides with a scene's.
-pub fn trust_points_key(prefix: &str, user: &str) -> String {
-    entity_key(prefix, "trust-points", "uid", user)
+/// The text every key starts with (`[store] key_prefix`), and whether keys are placed for
+/// Redis Cluster: then the first entity of every key is a hash tag
+/// (`lt:coupon_claim:{uid:10086}:aid:2026verano`, `lt:trust-points:{uid:10086}`), so one
+/// entity's windows, records, signals and trust sit in one slot and a check's keys fall
+/// into a few slot groups; a key of no entity tags its scene (`lt:{coupon_claim}:all`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPrefix {
+    text: String,
+    tagged: bool,
 }
 
-/// `<prefix>:user-seen:uid:<user>`: the user's first sighting.
-pub fn user_seen_key(prefix: &str, user: &str) -> String {
-    entity_key(prefix, "user-seen", "uid", user)
-}
+impl KeyPrefix {
+    /// Keys for one Redis or the embedded store: no hash tags.
+    pub fn plain(text: &str) -> KeyPrefix {
+        KeyPrefix {
+            text: text.to_string(),
+            tagged: false,
+        }
+    }
 
-/// `<prefix>:device-seen:did:<device>`: the device's first sighting.
-pub fn device_seen_key(prefix: &str, device: &str) -> String {
-    entity_key(prefix, "device-seen", "did", device)
-}
+    /// Keys for Redis Cluster: each key's first entity in a hash tag.
+    pub fn tagged(text: &str) -> KeyPrefix {
+        KeyPrefix {
+            text: text.to_string(),
+            tagged: true,
+        }
+    }
 
-fn entity_key(prefix: &str, kind: &str, abbrev: &str, id: &str) -> String {
-    let mut k = String::with_capacity(prefix.len() + kind.len() + id.len() + 8);
-    k.push_str(prefix);
-    k.push(':');
-    k.push_str(kind);
-    k.push(':');
-    k.push_str(abbrev);
-    k.push(':');
-    encode_into(&mut k, id);
-    k
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    pub fn is_tagged(&self) -> bool {
+        self.tagged
+    }
+
+    /// The keys of one scene.
+    pub fn scene<'a>(&'a self, scene: &'a str) -> KeySpace<'a> {
+        KeySpace {
+            prefix: &self.text,
+            scene,
+            tagged: self.tagged,
+        }
+    }
+
+    /// `<prefix>:trust-points:uid:<user>`: the user's awards. The segment after the
+    /// prefix holds a hyphen, which scene names cannot: no trust key collides with a
+    /// scene's.
+    pub fn trust_points_key(&self, user: &str) -> String {
+        self.entity_key("trust-points", &Dimension::User, user)
+    }
+
+    /// `<prefix>:user-seen:uid:<user>`: the user's first sighting.
+    pub fn user_seen_key(&self, user: &str) -> String {
+        self.entity_key("user-seen", &Dimension::User, user)
+    }
+
+    /// `<prefix>:device-seen:did:<device>`: the device's first sighting.
+    pub fn device_seen_key(&self, device: &str) -> String {
+        self.entity_key("device-seen", &Dimension::Device, device)
+    }
+
+    fn entity_key(&self, kind: &str, d: &Dimension, id: &str) -> String {
+        let mut k = String::with_capacity(self.text.len() + kind.len() + id.len() + 10);
+        k.push_str(&self.text);
+        k.push(':');
+        k.push_str(kind);
+        push_entity(&mut k, d, id, self.tagged);
+        k
+    }
 }
 
 /// The value `encode_into` made `segment` from (it is injective, so this inverts it).
@@ -201,25 +264,53 @@ pub fn decode_segment(segment: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Builds the keys of one scene under one prefix.
+/// Builds the keys of one scene under one prefix ([`KeyPrefix::scene`]).
 #[derive(Debug, Clone, Copy)]
 pub struct KeySpace<'a> {
     pub prefix: &'a str,
     pub scene: &'a str,
+    /// Placed for Redis Cluster ([`KeyPrefix`]).
+    pub tagged: bool,
 }
 
 impl KeySpace<'_> {
-    fn base(&self) -> String {
+    /// `<prefix>:<scene>`; `<prefix>:{<scene>}` for a tagged key of no entity, so a scene's
+    /// entity-less keys (and the generations a script appends to them) share one slot.
+    fn base(&self, has_entity: bool) -> String {
         let mut k = String::with_capacity(64);
         k.push_str(self.prefix);
         k.push(':');
-        k.push_str(self.scene);
+        if self.tagged && !has_entity {
+            k.push('{');
+            k.push_str(self.scene);
+            k.push('}');
+        } else {
+            k.push_str(self.scene);
+        }
+        k
+    }
+
+    /// `<base>:<kind>` then the first entity (`:all` for none), tagged as the space is.
+    fn entity_record(
+        &self,
+        kind: &str,
+        values: &DimensionValues,
+        required: &[Dimension],
+    ) -> String {
+        let first = first_entity(values, required);
+        let mut k = self.base(first.is_some());
+        k.push(':');
+        k.push_str(kind);
+        match first {
+            Some((d, value)) => push_entity(&mut k, d, value, self.tagged),
+            None => k.push_str(":all"),
+        }
         k
     }
 
     /// The key a limit counts in, or `None` when a dimension it needs is absent.
     pub fn limit_key(&self, limit: &Limit, values: &DimensionValues) -> Option<String> {
-        let mut k = self.base();
+        let mut k = self.base(!limit.dimensions.is_empty());
         match limit.algorithm {
             // One ZSET per dimension list; a scene-wide one needs a segment of its own.
             Algorithm::SlidingWindow if limit.dimensions.is_empty() => k.push_str(":all"),
@@ -233,7 +324,7 @@ impl KeySpace<'_> {
                 k.push_str(&limit.name);
             }
         }
-        push_dimensions(&mut k, &limit.dimensions, values)?;
+        push_dimensions(&mut k, &limit.dimensions, values, self.tagged)?;
         Some(k)
     }
 
@@ -247,12 +338,12 @@ impl KeySpace<'_> {
         per: &[Dimension],
         values: &DimensionValues,
     ) -> Option<String> {
-        let mut k = self.base();
+        let mut k = self.base(!per.is_empty());
         k.push(':');
         k.push_str(kind.segment());
         k.push(':');
         k.push_str(signal);
-        push_dimensions(&mut k, per, values)?;
+        push_dimensions(&mut k, per, values, self.tagged)?;
         Some(k)
     }
 
@@ -263,10 +354,7 @@ impl KeySpace<'_> {
     /// one key per request: a hash field costs Redis a fraction of a key (and an entity's
     /// keys are what a cluster's hash tags will keep together).
     pub fn records_key(&self, values: &DimensionValues, required: &[Dimension]) -> String {
-        let mut k = self.base();
-        k.push_str(":rq");
-        push_first_entity(&mut k, values, required);
-        k
+        self.entity_record("rq", values, required)
     }
 
     /// The record of one counted request on the embedded store:
@@ -280,9 +368,7 @@ impl KeySpace<'_> {
         required: &[Dimension],
         request_id: &str,
     ) -> String {
-        let mut k = self.base();
-        k.push_str(":req");
-        push_first_entity(&mut k, values, required);
+        let mut k = self.entity_record("req", values, required);
         k.push(':');
         encode_into(&mut k, request_id);
         k
@@ -298,9 +384,7 @@ impl KeySpace<'_> {
         required: &[Dimension],
         key: &str,
     ) -> String {
-        let mut k = self.base();
-        k.push_str(":idem");
-        push_first_entity(&mut k, values, required);
+        let mut k = self.entity_record("idem", values, required);
         k.push(':');
         encode_into(&mut k, key);
         k
@@ -339,6 +423,7 @@ mod tests {
     const KS: KeySpace = KeySpace {
         prefix: "lt",
         scene: "coupon_claim",
+        tagged: false,
     };
 
     #[test]
@@ -405,6 +490,72 @@ mod tests {
             );
         }
         assert_eq!(legacy_record_key("lt:coupon_claim:uid:1", "r1"), None);
+    }
+
+    #[test]
+    fn on_a_cluster_the_first_entity_is_the_hash_tag() {
+        use Dimension::*;
+        let prefix = KeyPrefix::tagged("lt");
+        let ks = prefix.scene("coupon_claim");
+        let v = values("10086");
+        let key =
+            |algorithm, dims: &[Dimension]| ks.limit_key(&limit("l", algorithm, dims), &v).unwrap();
+        use Algorithm::*;
+        assert_eq!(key(SlidingWindow, &[User]), "lt:coupon_claim:{uid:10086}");
+        assert_eq!(
+            key(SlidingWindow, &[User, Activity]),
+            "lt:coupon_claim:{uid:10086}:aid:2026verano"
+        );
+        assert_eq!(
+            key(FixedWindow, &[Ip]),
+            "lt:coupon_claim:fw:l:{ip:2001%3Adb8%3A%3A1}"
+        );
+        assert_eq!(
+            key(TokenBucket, &[Device, User]),
+            "lt:coupon_claim:tb:l:{did:dev-12345678}:uid:10086"
+        );
+        // A key of no entity tags its scene: its generations stay in its slot.
+        assert_eq!(key(SlidingWindow, &[]), "lt:{coupon_claim}:all");
+        assert_eq!(key(FixedWindow, &[]), "lt:{coupon_claim}:fw:l");
+        assert_eq!(
+            ks.signal_key(SignalKey::Matching, "s", &[Net], &v).unwrap(),
+            "lt:coupon_claim:sg:s:{net:2001%3Adb8%3A%3A%2F48}"
+        );
+        assert_eq!(
+            ks.signal_key(SignalKey::All, "s", &[], &v).unwrap(),
+            "lt:{coupon_claim}:sa:s"
+        );
+        // Records and trust sit with the user.
+        let all = [Activity, Device, User];
+        assert_eq!(ks.records_key(&v, &all), "lt:coupon_claim:rq:{uid:10086}");
+        assert_eq!(ks.records_key(&v, &[]), "lt:{coupon_claim}:rq:all");
+        assert_eq!(
+            ks.record_key(&v, &all, "r1"),
+            "lt:coupon_claim:req:{uid:10086}:r1"
+        );
+        assert_eq!(
+            ks.idempotency_key(&v, &all, "k"),
+            "lt:coupon_claim:idem:{uid:10086}:k"
+        );
+        assert_eq!(
+            prefix.trust_points_key("10086"),
+            "lt:trust-points:{uid:10086}"
+        );
+        assert_eq!(prefix.user_seen_key("10086"), "lt:user-seen:{uid:10086}");
+        assert_eq!(prefix.device_seen_key("d"), "lt:device-seen:{did:d}");
+        // A hostile value cannot open or close a tag.
+        assert_eq!(
+            ks.limit_key(&limit("l", SlidingWindow, &[User]), &values("}{x"))
+                .unwrap(),
+            "lt:coupon_claim:{uid:%7D%7Bx}"
+        );
+        // Plain keys (one Redis, embedded) have no tags.
+        let plain = KeyPrefix::plain("lt");
+        assert_eq!(plain.trust_points_key("1"), "lt:trust-points:uid:1");
+        assert_eq!(
+            plain.scene("coupon_claim").records_key(&v, &[]),
+            "lt:coupon_claim:rq:all"
+        );
     }
 
     #[test]

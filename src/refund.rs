@@ -16,7 +16,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::input::{self, RequestError};
-use crate::keys::{DimensionValues, KeySpace};
+use crate::keys::{DimensionValues, KeyPrefix, KeySpace};
 use crate::metrics::Metrics;
 use crate::rules::{RuleSet, Scene};
 use crate::store::{RefundOp, StoreError, WindowStore};
@@ -70,7 +70,7 @@ fn require(scene: &Scene, values: &DimensionValues) -> Result<(), RequestError> 
 pub struct Refunds {
     store: Arc<dyn WindowStore>,
     metrics: Metrics,
-    key_prefix: String,
+    key_prefix: KeyPrefix,
     /// `[store] record_horizon_ms`, as the checks were given it: a refund finds a record
     /// where the check wrote it only with the same record TTL (`Scene::record_ttl_ms`).
     record_horizon_ms: u64,
@@ -87,11 +87,11 @@ impl std::fmt::Debug for Refunds {
 
 impl Refunds {
     /// Refunds on `store` (the windows the checks count in) under `key_prefix`.
-    pub fn new(store: Arc<dyn WindowStore>, metrics: Metrics, key_prefix: &str) -> Self {
+    pub fn new(store: Arc<dyn WindowStore>, metrics: Metrics, key_prefix: &KeyPrefix) -> Self {
         Refunds {
             store,
             metrics,
-            key_prefix: key_prefix.to_string(),
+            key_prefix: key_prefix.clone(),
             record_horizon_ms: crate::config::DEFAULT_RECORD_HORIZON_MS,
         }
     }
@@ -117,10 +117,7 @@ impl Refunds {
     /// journaled and applied later against the same keys.
     pub fn op(&self, rules: &RuleSet, body: &Value) -> Result<RefundOp, RequestError> {
         let req = parse(rules, body)?;
-        let ks = KeySpace {
-            prefix: &self.key_prefix,
-            scene: &req.scene.name,
-        };
+        let ks = self.key_prefix.scene(&req.scene.name);
         Ok(RefundOp {
             record_key: ks.record_key(&req.values, &req.scene.required, &req.request_id),
             records_key: ks.records_key(&req.values, &req.scene.required),
@@ -199,7 +196,11 @@ max = 10
     fn refunds() -> Refunds {
         let clock: Arc<dyn crate::clock::Clock> =
             Arc::new(crate::clock::ManualClock::new(1_700_000_000_000));
-        Refunds::new(EmbeddedStore::in_memory(clock), Metrics::new(), "lt")
+        Refunds::new(
+            EmbeddedStore::in_memory(clock),
+            Metrics::new(),
+            &KeyPrefix::plain("lt"),
+        )
     }
 
     #[test]

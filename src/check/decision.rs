@@ -483,8 +483,12 @@ layer = "security"
         let rules = rules();
         let body = json!({"scene": "s", "request_id": "r1", "user_id": "u", "ip": "192.0.2.1"});
         let req = request::parse_check(&rules, &body, 0).unwrap();
-        let (plan, index) =
-            plan::plan("lt", &rules, &req, crate::config::DEFAULT_RECORD_HORIZON_MS);
+        let (plan, index) = plan::plan(
+            &crate::keys::KeyPrefix::plain("lt"),
+            &rules,
+            &req,
+            crate::config::DEFAULT_RECORD_HORIZON_MS,
+        );
         let limits = index
             .iter()
             .map(|&i| {
@@ -554,8 +558,12 @@ layer = "security"
         let rules = rules();
         let body = json!({"scene": "s", "user_id": "u", "ip": "192.0.2.1"});
         let req = request::parse_check(&rules, &body, 0).unwrap();
-        let (plan, index) =
-            plan::plan("lt", &rules, &req, crate::config::DEFAULT_RECORD_HORIZON_MS);
+        let (plan, index) = plan::plan(
+            &crate::keys::KeyPrefix::plain("lt"),
+            &rules,
+            &req,
+            crate::config::DEFAULT_RECORD_HORIZON_MS,
+        );
         let mut resp = CheckResponse::allow("s", "r1", "v");
         let score = Decided::Judged(Judgement {
             facts: Facts::default(),

@@ -24,6 +24,7 @@ use std::time::Instant;
 use crate::clock::Clock;
 use crate::decide::{Decided, Decider};
 use crate::input::RequestError;
+use crate::keys::KeyPrefix;
 use crate::metrics::Metrics;
 use crate::rules::{Layer, Limit, RuleSet, Scene, StoreErrorPolicy};
 use crate::store::{StoreError, WindowStore};
@@ -46,7 +47,7 @@ pub struct Checker {
     local: Option<Arc<dyn Decider>>,
     gateways: Gateways,
     metrics: Metrics,
-    key_prefix: String,
+    key_prefix: KeyPrefix,
     clock: Arc<dyn Clock>,
     /// Keys the store just found full, answered without it (`None`: off).
     over_limit: Option<Arc<OverLimit>>,
@@ -63,7 +64,7 @@ impl Checker {
         store: Arc<dyn WindowStore>,
         local: Option<Arc<dyn Decider>>,
         metrics: Metrics,
-        key_prefix: &str,
+        key_prefix: &KeyPrefix,
         clock: Arc<dyn Clock>,
     ) -> Self {
         Checker {
@@ -72,7 +73,7 @@ impl Checker {
             local,
             gateways: Gateways::new(clock.clone()),
             metrics,
-            key_prefix: key_prefix.to_string(),
+            key_prefix: key_prefix.clone(),
             clock,
             over_limit: None,
             record_horizon_ms: crate::config::DEFAULT_RECORD_HORIZON_MS,

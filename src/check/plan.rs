@@ -10,10 +10,7 @@ use std::net::IpAddr;
 use super::quota::overridden_max;
 use super::request::CheckRequest;
 use crate::decide::{CheckPlan, LimitPlan, ScorePlan, SignalPlan, TrustPlan};
-use crate::keys::{
-    device_seen_key, trust_points_key, user_seen_key, DimensionValues, KeySpace, SignalKey,
-    SEEN_RETENTION_MS,
-};
+use crate::keys::{DimensionValues, KeyPrefix, KeySpace, SignalKey, SEEN_RETENTION_MS};
 use crate::rules::{Algorithm, Count, Dimension, RuleSet, Scene, Signal};
 use crate::signal::entity_hash;
 use crate::signal::signal_cap;
@@ -28,16 +25,13 @@ pub type LimitIndex = Vec<usize>;
 /// records live for [`Scene::record_ttl_ms`] of `record_horizon_ms` (on Redis, up to twice
 /// that: lua/limits.lua).
 pub fn plan(
-    prefix: &str,
+    prefix: &KeyPrefix,
     rules: &RuleSet,
     req: &CheckRequest,
     record_horizon_ms: u64,
 ) -> (CheckPlan, LimitIndex) {
     let scene = &req.scene;
-    let ks = KeySpace {
-        prefix,
-        scene: &scene.name,
-    };
+    let ks = prefix.scene(&scene.name);
     let values = &req.values;
     let ip: Option<IpAddr> = values.ip.as_deref().and_then(|s| s.parse().ok());
     let (limits, index) = limits(&ks, scene, values, ip);
@@ -73,7 +67,7 @@ pub fn plan(
     (plan, index)
 }
 
-fn trust(prefix: &str, rules: &RuleSet, req: &CheckRequest) -> Option<TrustPlan> {
+fn trust(prefix: &KeyPrefix, rules: &RuleSet, req: &CheckRequest) -> Option<TrustPlan> {
     let t = rules.trust.as_ref()?;
     let user = req.values.user.as_deref();
     let device = req.values.device.as_deref();
@@ -81,14 +75,14 @@ fn trust(prefix: &str, rules: &RuleSet, req: &CheckRequest) -> Option<TrustPlan>
         .user_created_at
         .map(|c| u64::try_from(c.timestamp_millis()).unwrap_or(0));
     Some(TrustPlan {
-        points_key: user.map(|u| trust_points_key(prefix, u)),
+        points_key: user.map(|u| prefix.trust_points_key(u)),
         // The sighting stands in for a creation time the backend did not send.
         user_seen_key: user
             .filter(|_| t.new_account.is_some() && created.is_none())
-            .map(|u| user_seen_key(prefix, u)),
+            .map(|u| prefix.user_seen_key(u)),
         device_seen_key: device
             .filter(|_| t.new_device.is_some())
-            .map(|d| device_seen_key(prefix, d)),
+            .map(|d| prefix.device_seen_key(d)),
         user_created_ms: created.filter(|_| user.is_some()),
         seen_ttl_ms: SEEN_RETENTION_MS,
         max_points: t.max_points,

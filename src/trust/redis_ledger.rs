@@ -22,7 +22,7 @@ use redis::{Script, Value};
 
 use super::ledger::{Award, AwardKind, TrustLedger, TrustRead};
 use crate::clock::Clock;
-use crate::keys::{trust_points_key, user_seen_key, SEEN_RETENTION_MS};
+use crate::keys::{KeyPrefix, SEEN_RETENTION_MS};
 use crate::store::redis::STARTUP_MIN_MS;
 use crate::store::redis_link::RedisLink;
 use crate::store::StoreError;
@@ -35,7 +35,7 @@ const AWARDS_LUA: &str = include_str!("../../lua/trust_awards.lua");
 pub struct RedisLedger {
     /// The window store's link: one connection and one breaker for both.
     link: Arc<RedisLink>,
-    prefix: String,
+    prefix: KeyPrefix,
     read_script: Script,
     award_script: Script,
     awards_script: Script,
@@ -59,11 +59,11 @@ impl RedisLedger {
     /// `RedisStore::link`) and loads its scripts, so a Redis that cannot take them
     /// fails at start-up rather than on the first event. `timeout_ms` bounds every later
     /// call; loading gets at least 1 s.
-    pub async fn new(link: Arc<RedisLink>, prefix: &str) -> Result<RedisLedger, StoreError> {
+    pub async fn new(link: Arc<RedisLink>, prefix: &KeyPrefix) -> Result<RedisLedger, StoreError> {
         let timeout_ms = link.timeout_ms();
         let ledger = RedisLedger {
             link,
-            prefix: prefix.to_string(),
+            prefix: prefix.clone(),
             read_script: Script::new(READ_LUA),
             award_script: Script::new(AWARD_LUA),
             awards_script: Script::new(AWARDS_LUA),
@@ -94,12 +94,12 @@ impl RedisLedger {
 
     /// `<prefix>:trust-points:uid:<user>`.
     pub fn points_key(&self, user_id: &str) -> String {
-        trust_points_key(&self.prefix, user_id)
+        self.prefix.trust_points_key(user_id)
     }
 
     /// `<prefix>:user-seen:uid:<user>`.
     pub fn seen_key(&self, user_id: &str) -> String {
-        user_seen_key(&self.prefix, user_id)
+        self.prefix.user_seen_key(user_id)
     }
 
     /// The scripts' `now` argument: empty means "read Redis TIME".

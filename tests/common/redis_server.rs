@@ -21,6 +21,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     /// Stopped with SIGSTOP and not yet continued.
     paused: bool,
+    /// Options past the defaults (a cluster node's), kept for restarts.
+    extra: Vec<String>,
 }
 
 impl RedisServer {
@@ -34,12 +36,20 @@ impl RedisServer {
 
     /// Starts a server on a given port (for restart tests).
     pub fn start_on(port: u16) -> RedisServer {
+        Self::start_with(port, &[])
+    }
+
+    /// Starts a server on `port` with more options (`--cluster-enabled yes`…), kept for
+    /// [`Self::restart`], which also keeps the data directory (a cluster node's
+    /// `nodes.conf`).
+    pub fn start_with(port: u16, extra: &[&str]) -> RedisServer {
         let dir = tempfile::tempdir().expect("tempdir for redis-server");
         let mut server = RedisServer {
             child: None,
             port,
             dir,
             paused: false,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
         };
         server.spawn();
         server
@@ -66,6 +76,7 @@ impl RedisServer {
             } else {
                 &[][..]
             })
+            .args(&self.extra)
             .arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())
@@ -123,6 +134,11 @@ impl RedisServer {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Whether the process is running (not killed).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Starts it again on the same port, empty.

@@ -34,6 +34,7 @@ use vigia::decide::{
     CheckPlan, Decided, Decider, Judgement, LimitPlan, LimitValue, Outcome, ScorePlan, SignalPlan,
     SignalValue, TrustPlan,
 };
+use vigia::keys::KeyPrefix;
 use vigia::metrics::Metrics;
 use vigia::rules::{Algorithm, Count, Filter};
 use vigia::signal::entity_hash;
@@ -399,8 +400,8 @@ enum Backend {
         server: RedisServer,
         /// Refunds (refund.lua) go through the window store. (Boxed: the largest part.)
         store: Box<RedisStore>,
-        /// Awards go through the trust ledger (trust_award.lua).
-        ledger: RedisLedger,
+        /// Awards go through the trust ledger (trust_award.lua). (Boxed: a large part.)
+        ledger: Box<RedisLedger>,
     },
     /// The embedded decider's three parts, as `app::open_stores` builds them, under one
     /// temporary folder.
@@ -448,7 +449,7 @@ impl Env {
             .expect("connect")
             .with_clock(Arc::new(clock.clone()));
         let link = store.link();
-        let ledger = RedisLedger::new(link.clone(), PREFIX)
+        let ledger = RedisLedger::new(link.clone(), &KeyPrefix::plain(PREFIX))
             .await
             .expect("ledger")
             .with_clock(Arc::new(clock.clone()));
@@ -463,7 +464,7 @@ impl Env {
             backend: Backend::Redis {
                 server,
                 store: Box::new(store),
-                ledger,
+                ledger: Box::new(ledger),
             },
         }
     }

@@ -11,6 +11,7 @@ use redis::Commands;
 use serde_json::{json, Value};
 use vigia::clock::{Clock, ManualClock, SystemClock};
 use vigia::config::{Config, StoreBackend};
+use vigia::keys::KeyPrefix;
 use vigia::metrics::Metrics;
 use vigia::refund::Refunds;
 use vigia::rules::RuleSet;
@@ -653,7 +654,11 @@ async fn awards_expire_on_the_sled_ledger() {
     let events_dir = dir.path().join("events");
     let db = journal::open_db(&events_dir).unwrap();
     let sled = Arc::new(SledLedger::open(&db, Arc::new(clock.clone())).unwrap());
-    let refunds = Arc::new(Refunds::new(windows, Metrics::new(), "lt"));
+    let refunds = Arc::new(Refunds::new(
+        windows,
+        Metrics::new(),
+        &KeyPrefix::plain("lt"),
+    ));
     let ledger: Arc<dyn TrustLedger> = sled;
     let events = Events::open_in(
         db,
@@ -676,12 +681,12 @@ async fn awards_expire_on_the_redis_ledger_and_so_does_the_key() {
         .await
         .unwrap()
         .with_clock(Arc::new(clock.clone()));
-    let ledger = RedisLedger::new(store.link(), "lt")
+    let ledger = RedisLedger::new(store.link(), &KeyPrefix::plain("lt"))
         .await
         .unwrap()
         .with_clock(Arc::new(clock.clone()));
     let store: Arc<dyn WindowStore> = Arc::new(store);
-    let refunds = Arc::new(Refunds::new(store, Metrics::new(), "lt"));
+    let refunds = Arc::new(Refunds::new(store, Metrics::new(), &KeyPrefix::plain("lt")));
     let dir = tempfile::tempdir().unwrap();
     let events = Events::open(
         dir.path(),
@@ -705,7 +710,7 @@ async fn the_redis_ledger_marks_first_sightings_with_a_bounded_retention() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(now_ms());
     let store = RedisStore::connect(&redis.url(), 2000).await.unwrap();
-    let ledger = RedisLedger::new(store.link(), "lt")
+    let ledger = RedisLedger::new(store.link(), &KeyPrefix::plain("lt"))
         .await
         .unwrap()
         .with_clock(Arc::new(clock.clone()));

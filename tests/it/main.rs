@@ -6,6 +6,7 @@ mod common;
 mod auth;
 mod client_example;
 mod clock;
+mod cluster;
 mod decide_suite;
 mod dimensions;
 mod durability;
