@@ -34,7 +34,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use redis::aio::ConnectionManager;
 use serde_json::json;
 use vigia::check::plan::plan;
 use vigia::check::request::parse_check;
@@ -43,6 +42,7 @@ use vigia::decide::{Decided, Decider, Outcome};
 use vigia::keys::KeyPrefix;
 use vigia::rules::{load_dir, RuleSet};
 use vigia::store::redis::RedisStore;
+use vigia::store::redis_link::Conn;
 
 use redis_server::RedisServer;
 
@@ -153,7 +153,7 @@ fn cpu_ticks(pid: &str) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
-async fn cmd<T: redis::FromRedisValue>(conn: &mut ConnectionManager, args: &[&str]) -> T {
+async fn cmd<T: redis::FromRedisValue>(conn: &mut Conn, args: &[&str]) -> T {
     let mut c = redis::cmd(args[0]);
     for a in &args[1..] {
         c.arg(*a);
@@ -164,7 +164,7 @@ async fn cmd<T: redis::FromRedisValue>(conn: &mut ConnectionManager, args: &[&st
 }
 
 /// `field:value` of an INFO section.
-async fn info(conn: &mut ConnectionManager, section: &str) -> BTreeMap<String, String> {
+async fn info(conn: &mut Conn, section: &str) -> BTreeMap<String, String> {
     let text: String = cmd(conn, &["INFO", section]).await;
     text.lines()
         .filter_map(|l| l.split_once(':'))
@@ -173,7 +173,7 @@ async fn info(conn: &mut ConnectionManager, section: &str) -> BTreeMap<String, S
 }
 
 /// `(calls, usec)` of EVALSHA since the last `CONFIG RESETSTAT`.
-async fn evalsha_stats(conn: &mut ConnectionManager) -> (u64, u64) {
+async fn evalsha_stats(conn: &mut Conn) -> (u64, u64) {
     let stats = info(conn, "commandstats").await;
     let Some(line) = stats.get("cmdstat_evalsha") else {
         return (0, 0);
@@ -258,7 +258,7 @@ struct Census {
 
 /// Every key, by family; `MEMORY USAGE` of up to SAMPLE keys per family (every per-net
 /// and scene-wide signal key), and ZCARD and encoding of the signal ZSETs among them.
-async fn census(conn: &mut ConnectionManager) -> Census {
+async fn census(conn: &mut Conn) -> Census {
     let mut by_family: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut cursor = "0".to_string();
     loop {
@@ -319,7 +319,7 @@ struct Measured {
 }
 
 async fn run_variant(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     decider: &RedisDecider,
     redis_pid: &str,
     rules: &RuleSet,

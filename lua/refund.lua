@@ -34,34 +34,11 @@ first time still works. The record itself stays, so the same request id sent aga
 a duplicate.
 ]]
 
--- clock_now(), records_hash(): limits.lua, which the service puts in front of this script
--- (src/store/redis.rs), so the clock and a generation's hash are named in one place.
+-- clock_now(), records_hash(): limits.lua; ENTRY, undo(): undo.lua. The service puts both
+-- in front of this script (src/store/redis.rs), so the clock, a generation's hash and how
+-- an entry is undone are named in one place (release.lua shares them).
 
 local request_id = ARGV[1]
-
--- One entry of a record: "f" or "t", then a 6-character tag (base64url).
-local ENTRY = '([ft])([%w_-][%w_-][%w_-][%w_-][%w_-][%w_-])'
-
--- Undoes what `key` holds of the request: a sliding ZSET (how == nil, its type checked),
--- a fixed window counted at t ("f"), a bucket ("t"). True when a ZSET gave the id back.
-local function undo(key, how, t)
-  if how == nil then
-    return redis.call('TYPE', key).ok == 'zset' and redis.call('ZREM', key, request_id) == 1
-  elseif how == 't' then
-    local h = redis.call('HMGET', key, 'tk', 'cap')
-    -- An absent bucket is a full one: nothing to give back.
-    if h[1] and h[2] then
-      local tk = math.min(tonumber(h[1]) + 1, tonumber(h[2]))
-      redis.call('HSET', key, 'tk', string.format('%.17g', tk))
-    end
-  elseif how == 'f' then
-    local h = redis.call('HMGET', key, 's', 'c')
-    if h[1] and tonumber(h[1]) <= t and (tonumber(h[2]) or 0) > 0 then
-      redis.call('HINCRBY', key, 'c', -1)
-    end
-  end
-  return false
-end
 
 -- A record of the records hash `hash`, generation start `start`: "<ms>" then "f<tag>" or
 -- "t<tag>" entries (limits.lua).
@@ -79,7 +56,7 @@ local function refund_record(hash, start, value)
   for i = 3, #KEYS do
     local tag = ARGV[i + 1]
     local how = named[tag]
-    if undo(KEYS[i], how, t) then
+    if undo(KEYS[i], how, t, request_id) then
       undone = undone + 1
     end
     if how ~= nil then
@@ -140,16 +117,16 @@ for i = 3, #KEYS do
   local key = KEYS[i]
   local how = rec.k[key]
   if how == nil then
-    if undo(key, nil, 0) then
+    if undo(key, nil, 0, request_id) then
       undone = undone + 1
     end
   elseif how == 'z' then
     redis.call('ZREM', key, request_id)
   elseif how == 't' then
-    undo(key, 't', 0)
+    undo(key, 't', 0, request_id)
   elseif type(how) == 'string' and string.sub(how, 1, 2) == 'f:' then
     -- The window's start: a later window's start is after it.
-    undo(key, 'f', tonumber(string.sub(how, 3)) or -1)
+    undo(key, 'f', tonumber(string.sub(how, 3)) or -1, request_id)
   end
   if how ~= nil then
     rec.k[key] = nil

@@ -14,6 +14,7 @@ use crate::check::Checker;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, StoreBackend};
 use crate::dashboard::History;
+use crate::decide::cluster::ClusterDecider;
 use crate::decide::embedded::EmbeddedDecider;
 use crate::decide::redis::RedisDecider;
 use crate::decide::Decider;
@@ -43,8 +44,11 @@ pub enum StartError {
         url: String,
         source: StoreError,
     },
-    #[error("store.backend = {0:?} is not available yet; use \"embedded\" or \"redis\"")]
-    Backend(&'static str),
+    #[error(
+        "store.backend = \"redis_cluster\" decides scenes with limits only so far; the rules \
+         ask for {0}: use \"redis\" or \"embedded\" for them"
+    )]
+    ClusterRules(String),
     #[error("listen {addr}: {source}")]
     Bind {
         addr: String,
@@ -218,7 +222,74 @@ async fn open_stores(
                 embedded: vec![local],
             }
         }
-        StoreBackend::RedisCluster => return Err(StartError::Backend("redis_cluster")),
+        StoreBackend::RedisCluster => {
+            let redis_err = |source| StartError::Store {
+                backend: "redis_cluster",
+                url: config.store.redis_url.clone(),
+                source,
+            };
+            let seeds: Vec<String> = config
+                .store
+                .redis_url
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+            let breaker = Breaker::new("redis", config.store.breaker(), Some(metrics.clone()));
+            let redis = RedisStore::connect_cluster_with(
+                &seeds,
+                config.store.timeout_ms,
+                Arc::new(breaker),
+            )
+            .await
+            .map_err(redis_err)?;
+            let redis = match redis_clock(clock) {
+                Some(clock) => redis.with_clock(clock),
+                None => redis,
+            };
+            let link = redis.link();
+            let decider = ClusterDecider::new(link.clone(), redis_clock(clock))
+                .await
+                .map_err(redis_err)?;
+            // Trust keys are one user's (one slot): the ledger's scripts run as on one Redis.
+            let ledger = RedisLedger::new(link, &key_prefix(config))
+                .await
+                .map_err(redis_err)?;
+            let ledger = match redis_clock(clock) {
+                Some(clock) => ledger.with_clock(clock),
+                None => ledger,
+            };
+            let local = open_embedded(config, "local", clock, purpose)?;
+            let local_decider =
+                EmbeddedDecider::new(local.clone(), behaviours.clone(), None, clock.clone());
+            Stores {
+                decider: Arc::new(decider),
+                store: Arc::new(redis),
+                local: Some(Arc::new(local_decider)),
+                ledger: Arc::new(ledger),
+                embedded: vec![local],
+            }
+        }
+    })
+}
+
+/// On Redis Cluster, what the rule set asks that the cluster decider does not decide yet
+/// (`decide::cluster`): `[trust]`, or a scene's signals or score.
+pub fn cluster_unsupported(ruleset: &RuleSet) -> Option<String> {
+    if ruleset.trust.is_some() {
+        return Some("[trust]".into());
+    }
+    ruleset.scenes.values().find_map(|scene| {
+        if !scene.signals.is_empty() {
+            Some(format!(
+                "scene {:?} has signals (or [behaviour])",
+                scene.name
+            ))
+        } else if scene.score.is_some() {
+            Some(format!("scene {:?} has a [score]", scene.name))
+        } else {
+            None
+        }
     })
 }
 
@@ -239,6 +310,11 @@ pub async fn build_core(
     metrics: Metrics,
     purpose: Purpose,
 ) -> Result<Core, StartError> {
+    if config.store.backend == StoreBackend::RedisCluster {
+        if let Some(what) = cluster_unsupported(ruleset) {
+            return Err(StartError::ClusterRules(what));
+        }
+    }
     let start = match purpose {
         Purpose::Serve => Behaviours::start,
         Purpose::Replay => Behaviours::start_local,

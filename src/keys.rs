@@ -245,6 +245,36 @@ impl KeyPrefix {
     }
 }
 
+/// The hash tag of `key` as Redis Cluster reads it: the text between the first `{` and the
+/// next `}`, when not empty.
+pub fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let len = key[open + 1..].find('}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
+/// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole key without
+/// one, modulo 16384 (as `CLUSTER KEYSLOT`).
+pub fn slot(key: &str) -> u16 {
+    let hashed = hash_tag(key).unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(hashed.as_bytes()) % 16384
+}
+
+/// On a cluster, where a slot group tagged `tag` keeps its reservations: the records key
+/// of that entity beside `records_key` (the check's, tagged), `<prefix>:<scene>:rq:{tag}`,
+/// or `<prefix>:{<scene>}:rq:all` for the scene's own tag. `None` for an untagged key.
+pub fn group_records_key(records_key: &str, tag: &str) -> Option<String> {
+    let (base, _) = records_key.split_once(":rq:")?;
+    // `<prefix>:<scene>` or `<prefix>:{<scene>}`: prefixes and scenes hold no braces.
+    let (prefix, scene) = base.split_once(':')?;
+    let scene = scene.trim_start_matches('{').trim_end_matches('}');
+    Some(if tag.contains(':') {
+        format!("{prefix}:{scene}:rq:{{{tag}}}")
+    } else {
+        format!("{prefix}:{{{scene}}}:rq:all")
+    })
+}
+
 /// The value `encode_into` made `segment` from (it is injective, so this inverts it).
 /// `None` for text it could not have made.
 pub fn decode_segment(segment: &str) -> Option<String> {
@@ -555,6 +585,30 @@ mod tests {
         assert_eq!(
             plain.scene("coupon_claim").records_key(&v, &[]),
             "lt:coupon_claim:rq:all"
+        );
+    }
+
+    #[test]
+    fn slots_and_group_records_follow_the_tags() {
+        assert_eq!(hash_tag("lt:coupon_claim:{uid:1}:aid:x"), Some("uid:1"));
+        assert_eq!(hash_tag("lt:{}:x"), None);
+        assert_eq!(hash_tag("lt:coupon_claim:uid:1"), None);
+        // CLUSTER KEYSLOT's own examples (the cluster spec).
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("123456789"), 0x31C3); // CRC16-XMODEM check value, below 16384
+        let rq = "lt:coupon_claim:rq:{uid:10086}";
+        assert_eq!(
+            group_records_key(rq, "did:d1").as_deref(),
+            Some("lt:coupon_claim:rq:{did:d1}")
+        );
+        assert_eq!(
+            group_records_key(rq, "coupon_claim").as_deref(),
+            Some("lt:{coupon_claim}:rq:all")
+        );
+        assert_eq!(
+            group_records_key("lt:{coupon_claim}:rq:all", "uid:1").as_deref(),
+            Some("lt:coupon_claim:rq:{uid:1}")
         );
     }
 

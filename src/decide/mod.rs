@@ -30,6 +30,7 @@
 //! signal's plan, answer and arithmetic are [`crate::signal`]'s, which the behaviour
 //! actors share without importing this module.
 
+pub mod cluster;
 pub mod embedded;
 pub mod math;
 pub mod redis;

@@ -127,13 +127,13 @@ impl Decider for RedisDecider {
 /// limits.lua's two phases on the limits that apply; check.lua runs the same two phases
 /// without the rest (its argument parsing, helpers and reply cost Redis ~15 % more per
 /// check: `benches/lua-cpu.sh`).
-fn limits_only(plan: &CheckPlan) -> bool {
+pub(super) fn limits_only(plan: &CheckPlan) -> bool {
     plan.trust.is_none() && plan.score.is_none() && plan.signals.is_empty()
 }
 
 /// Whether a limit applies without `[trust]`: as decide.lua's `passes`, an unknown age is
 /// not young, and a user with no trust holds no points.
-fn applies_without_trust(filter: Option<Filter>) -> bool {
+pub(super) fn applies_without_trust(filter: Option<Filter>) -> bool {
     match filter {
         None | Some(Filter::Untrusted) => true,
         Some(Filter::NewAccount | Filter::NewDevice) => false,
@@ -176,7 +176,7 @@ fn limits_invocation(
 
 /// check.lua's answer as decide.lua's would be: no points, ages unknown, no signal, score
 /// 0; the limits sent in their places, the others not applying.
-fn limits_judged(
+pub(super) fn limits_judged(
     outcome: CheckOutcome,
     plan: &CheckPlan,
     sent: &[usize],

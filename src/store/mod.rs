@@ -12,6 +12,7 @@ pub mod embedded;
 pub mod limits_script;
 pub mod redis;
 pub mod redis_link;
+pub mod release;
 
 use async_trait::async_trait;
 

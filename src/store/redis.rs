@@ -186,7 +186,16 @@ pub fn repeats(id_given: bool, has_idempotency_key: bool) -> &'static str {
 /// refund.lua's header documents KEYS, ARGV and the reply.
 const REFUND_LUA: &str = concat!(
     include_str!("../../lua/limits.lua"),
+    include_str!("../../lua/undo.lua"),
     include_str!("../../lua/refund.lua")
+);
+
+/// The release script of a cluster check's slot group (`lua/release.lua`, after limits.lua
+/// and undo.lua): gives back what the group reserved and forgets the reservation.
+pub(crate) const RELEASE_LUA: &str = concat!(
+    include_str!("../../lua/limits.lua"),
+    include_str!("../../lua/undo.lua"),
+    include_str!("../../lua/release.lua")
 );
 
 /// Start-up (connect + SCRIPT LOAD) gets at least this long, whatever the per-call
@@ -247,6 +256,29 @@ impl RedisStore {
         })
     }
 
+    /// Connects to the Redis Cluster `seeds` belong to (node URLs) and loads the scripts on
+    /// every node. Checks on a cluster are the cluster decider's
+    /// (`crate::decide::cluster`); this store refunds (per slot group) and answers
+    /// readiness.
+    pub async fn connect_cluster_with(
+        seeds: &[String],
+        timeout_ms: u64,
+        breaker: Arc<Breaker>,
+    ) -> Result<RedisStore, StoreError> {
+        let timeout_ms = timeout_ms.max(1);
+        let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
+        let link = RedisLink::open_cluster(seeds, timeout_ms, startup_ms, breaker).await?;
+        let shaped = LimitScripts::default();
+        let refund_script = Script::new(REFUND_LUA);
+        link.load_scripts(&[&refund_script], startup_ms).await?;
+        Ok(RedisStore {
+            link,
+            shaped,
+            refund_script,
+            clock: None,
+        })
+    }
+
     /// Takes "now" from `clock` instead of Redis `TIME`, so a test can cross window edges
     /// without sleeping; `app::build` does this for any clock but the wall clock. Expiries
     /// still run on Redis's own clock, so keep such a clock near the real time.
@@ -272,9 +304,82 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// A refund on a cluster: one refund.lua per slot group of the candidate keys, each
+    /// with the records key its group reserved under (`crate::decide::cluster`). No
+    /// record there predates 2026-12: the legacy key is one of the group's slot that
+    /// holds nothing. Refunded when any group gave something back.
+    async fn refund_groups(&self, op: &RefundOp) -> Result<bool, StoreError> {
+        let mut groups: Vec<(u16, String, Vec<&str>)> = Vec::new();
+        for key in &op.keys {
+            let s = crate::keys::slot(key);
+            match groups.iter_mut().find(|(gs, ..)| *gs == s) {
+                Some((_, _, keys)) => keys.push(key),
+                None => {
+                    let records_key = if s == crate::keys::slot(&op.records_key) {
+                        op.records_key.clone()
+                    } else {
+                        crate::keys::hash_tag(key)
+                            .and_then(|t| crate::keys::group_records_key(&op.records_key, t))
+                            .ok_or_else(|| {
+                                StoreError::Protocol(format!(
+                                    "refund of {}: {key} has no hash tag",
+                                    op.request_id
+                                ))
+                            })?
+                    };
+                    groups.push((s, records_key, vec![key]));
+                }
+            }
+        }
+        let calls = groups.iter().map(|(_, records_key, keys)| {
+            let mut inv = self.refund_script.prepare_invoke();
+            inv.key(records_key);
+            inv.key(format!("{records_key}:none"));
+            for key in keys {
+                inv.key(*key);
+            }
+            inv.arg(&op.request_id).arg(op.record_ttl_ms.max(1));
+            match self.now_arg() {
+                Some(now) => inv.arg(now),
+                None => inv.arg(""),
+            };
+            for key in keys {
+                inv.arg(&record_tag(key)[..]);
+            }
+            async move {
+                let mut conn = self.link.conn().await?;
+                refunded(self.link.run(inv.invoke_async(&mut conn)).await?)
+            }
+        });
+        let mut any = false;
+        for result in futures::future::join_all(calls).await {
+            any |= result?;
+        }
+        Ok(any)
+    }
+}
+
+/// refund.lua's reply.
+fn refunded(reply: Value) -> Result<bool, StoreError> {
+    match reply {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(StoreError::Protocol(format!(
+            "refund.lua replied {other:?}, expected 0 or 1"
+        ))),
+    }
+}
+
 #[async_trait]
 impl WindowStore for RedisStore {
     async fn check(&self, op: &CheckOp) -> Result<CheckOutcome, StoreError> {
+        if self.link.is_cluster() {
+            // One script cannot span slots: a cluster's checks are decided per slot group.
+            return Err(StoreError::Unavailable(
+                "a check on redis_cluster goes through the cluster decider".into(),
+            ));
+        }
         let call = CheckCall {
             records_key: &op.records_key,
             idempotency_key: op.idempotency_key.as_deref(),
@@ -294,6 +399,9 @@ impl WindowStore for RedisStore {
     }
 
     async fn refund(&self, op: &RefundOp) -> Result<bool, StoreError> {
+        if self.link.is_cluster() {
+            return self.refund_groups(op).await;
+        }
         // refund.lua's layout (its header). A refund journaled before 2026-12 has no
         // records key, and its record key is the record's own: the script reads only that.
         // A newer refund also looks where a request counted before an upgrade has its
@@ -326,13 +434,7 @@ impl WindowStore for RedisStore {
 
         let mut conn = self.link.conn().await?;
         let reply: Value = self.link.run(inv.invoke_async(&mut conn)).await?;
-        match reply {
-            Value::Int(1) => Ok(true),
-            Value::Int(0) => Ok(false),
-            other => Err(StoreError::Protocol(format!(
-                "refund.lua replied {other:?}, expected 0 or 1"
-            ))),
-        }
+        refunded(reply)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

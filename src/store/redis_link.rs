@@ -16,6 +16,12 @@
 //! A Redis that is down at start-up is an outage like any other, not a reason not to
 //! start: the link opens without a connection, every call tries to make one (through the
 //! breaker, so an outage is not hammered), and the scripts load on their first call.
+//!
+//! On Redis Cluster ([`RedisLink::open_cluster`]) the link holds one redis-rs cluster
+//! connection: it keeps a connection per master, routes each call by its first key (every
+//! call's keys are in one slot: `crate::keys::KeyPrefix`), follows MOVED and ASK, and
+//! refreshes the slot map after a failover. Its calls go through the same breaker and
+//! deadline; NOSCRIPT from any master loads the script on every node and retries once.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,8 +29,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Script, ServerErrorKind, Value};
 
 use super::breaker::Breaker;
 use super::redis::{bounded, map_redis_error};
@@ -39,10 +47,54 @@ static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     /// This thread's connection per link: `(link, epoch, connection)`.
-    static LOCAL: RefCell<Vec<(u64, u64, ConnectionManager)>> = const { RefCell::new(Vec::new()) };
+    static LOCAL: RefCell<Vec<(u64, u64, Conn)>> = const { RefCell::new(Vec::new()) };
 }
 
-fn local_get(link: u64, epoch: u64) -> Option<ConnectionManager> {
+/// A connection of the link: to one Redis, or to a cluster (routing by key).
+#[derive(Clone)]
+pub enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Where the link connects.
+enum Target {
+    Single {
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+    },
+    Cluster(ClusterClient),
+}
+
+fn local_get(link: u64, epoch: u64) -> Option<Conn> {
     LOCAL.with_borrow(|l| {
         l.iter()
             .find(|(id, e, _)| *id == link && *e == epoch)
@@ -50,19 +102,33 @@ fn local_get(link: u64, epoch: u64) -> Option<ConnectionManager> {
     })
 }
 
-fn local_put(link: u64, epoch: u64, conn: ConnectionManager) {
+fn local_put(link: u64, epoch: u64, conn: Conn) {
     LOCAL.with_borrow_mut(|l| {
         l.retain(|(id, _, _)| *id != link);
         l.push((link, epoch, conn));
     });
 }
 
+/// A connection manager to one Redis (its driver on the calling thread's runtime) within
+/// `within_ms`.
+async fn manager(
+    client: &redis::Client,
+    config: &ConnectionManagerConfig,
+    within_ms: u64,
+) -> Result<Conn, StoreError> {
+    bounded(
+        within_ms,
+        ConnectionManager::new_with_config(client.clone(), config.clone()),
+    )
+    .await
+    .map(Conn::Single)
+}
+
 /// A shared, breaker-guarded, deadline-bounded Redis connection.
 pub struct RedisLink {
-    client: redis::Client,
-    config: ConnectionManagerConfig,
+    target: Target,
     /// `None` until a first connection is made (Redis was down at start-up).
-    conn: ArcSwapOption<ConnectionManager>,
+    conn: ArcSwapOption<Conn>,
     /// This link in [`LOCAL`].
     id: u64,
     /// Bumped whenever a fresh connection replaces `conn` (a probe after an outage):
@@ -106,9 +172,55 @@ impl RedisLink {
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(None)
             .set_number_of_retries(RECONNECT_RETRIES);
+        Self::open_target(
+            Target::Single { client, config },
+            url,
+            timeout_ms,
+            startup_ms,
+            breaker,
+        )
+        .await
+    }
+
+    /// Opens a link to the Redis Cluster that `seeds` (node URLs) belong to; the rest of
+    /// the cluster is discovered from them. As [`Self::open`], an unreachable cluster is an
+    /// outage, not an error; only an unusable URL is.
+    pub async fn open_cluster(
+        seeds: &[String],
+        timeout_ms: u64,
+        startup_ms: u64,
+        breaker: Arc<Breaker>,
+    ) -> Result<Arc<RedisLink>, StoreError> {
+        let timeout_ms = timeout_ms.max(1);
+        // No response timeout of the client's own, as for one Redis: each call runs under
+        // `run`'s deadline. Redirections and the slot refresh after a failover happen
+        // inside that deadline; a call that does not make it is the scene's policy's.
+        let client = ClusterClient::builder(seeds.iter().map(String::as_str))
+            .connection_timeout(Duration::from_millis(timeout_ms))
+            .build()
+            .map_err(|e| {
+                StoreError::Unavailable(format!("invalid redis cluster urls {seeds:?}: {e}"))
+            })?;
+        let shown = seeds.join(",");
+        Self::open_target(
+            Target::Cluster(client),
+            &shown,
+            timeout_ms,
+            startup_ms,
+            breaker,
+        )
+        .await
+    }
+
+    async fn open_target(
+        target: Target,
+        url: &str,
+        timeout_ms: u64,
+        startup_ms: u64,
+        breaker: Arc<Breaker>,
+    ) -> Result<Arc<RedisLink>, StoreError> {
         let link = RedisLink {
-            client,
-            config,
+            target,
             conn: ArcSwapOption::empty(),
             id: NEXT_LINK.fetch_add(1, Ordering::Relaxed),
             epoch: AtomicU64::new(0),
@@ -136,19 +248,32 @@ impl RedisLink {
     /// A new connection within `within_ms`. One plain attempt first: it reports a refused
     /// connection as refused, where the manager's own retries would run into the deadline
     /// and report every outage as a timeout.
-    async fn connect(&self, within_ms: u64) -> Result<ConnectionManager, StoreError> {
-        bounded(within_ms, self.client.get_multiplexed_async_connection()).await?;
-        self.manager(within_ms).await
+    async fn connect(&self, within_ms: u64) -> Result<Conn, StoreError> {
+        match &self.target {
+            Target::Single { client, config } => {
+                bounded(within_ms, client.get_multiplexed_async_connection()).await?;
+                manager(client, config, within_ms).await
+            }
+            Target::Cluster(client) => bounded(within_ms, client.get_async_connection())
+                .await
+                .map(Conn::Cluster),
+        }
     }
 
-    /// A connection manager (its driver on the calling thread's runtime) within
-    /// `within_ms`.
-    async fn manager(&self, within_ms: u64) -> Result<ConnectionManager, StoreError> {
-        bounded(
-            within_ms,
-            ConnectionManager::new_with_config(self.client.clone(), self.config.clone()),
-        )
-        .await
+    /// A connection for this thread (on one Redis, its driver on the calling thread's
+    /// runtime) within `within_ms`. A cluster connection is shared by every thread: it
+    /// holds a connection per master already.
+    async fn own(&self, within_ms: u64) -> Result<Conn, StoreError> {
+        match (&self.target, self.conn.load_full()) {
+            (Target::Single { client, config }, _) => manager(client, config, within_ms).await,
+            (Target::Cluster(_), Some(shared)) => Ok(Conn::clone(&shared)),
+            (Target::Cluster(_), None) => self.connect(within_ms).await,
+        }
+    }
+
+    /// Whether this link is to a cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
     }
 
     /// Loads `scripts` at start-up, within `startup_ms`, so a Redis that cannot take them
@@ -162,7 +287,7 @@ impl RedisLink {
         let Some(conn) = self.conn.load_full() else {
             return Ok(());
         };
-        let mut conn = ConnectionManager::clone(&conn);
+        let mut conn = Conn::clone(&conn);
         tokio::time::timeout(Duration::from_millis(startup_ms), async {
             for script in scripts {
                 script.load_async(&mut conn).await?;
@@ -187,7 +312,7 @@ impl RedisLink {
     /// A connection for one call: refused at once while the breaker is open; the first
     /// probe after an outage, and any call while there is no connection yet, builds a
     /// fresh connection first.
-    pub async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+    pub async fn conn(&self) -> Result<Conn, StoreError> {
         self.breaker.permit()?;
         let probe = self.breaker.take_probe();
         let epoch = self.epoch.load(Ordering::Acquire);
@@ -196,7 +321,7 @@ impl RedisLink {
                 return Ok(conn);
             }
             // Redis is reachable (some thread is connected): this thread makes its own.
-            let own = self.manager(self.timeout_ms).await;
+            let own = self.own(self.timeout_ms).await;
             self.breaker.record(&own);
             let own = own?;
             local_put(self.id, epoch, own.clone());
@@ -206,7 +331,7 @@ impl RedisLink {
         if !probe {
             // Another call connected while this one waited.
             if let Some(conn) = self.conn.load_full() {
-                return Ok(ConnectionManager::clone(&conn));
+                return Ok(Conn::clone(&conn));
             }
         }
         let fresh = self.connect(self.timeout_ms).await;

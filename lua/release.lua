@@ -1,0 +1,53 @@
+--[[
+release.lua: on Redis Cluster, gives back what one slot group reserved for a check the node
+then denied (another group's limit was full, or a group failed), and forgets the
+reservation, so the same request id sent again is a new check. Idempotent: a second
+release, or a release of a group that never reserved, finds no record and does nothing.
+
+KEYS[1]    the group's records key (<prefix>:<scene>:rq:{<tag>}): the reservation is a
+           field of its hash of generation g or g - 1 (limits.lua)
+KEYS[2..]  the group's candidate keys (the limits sent to it)
+
+ARGV[1]    request id
+ARGV[2]    record TTL (the generation's length), ms
+ARGV[3]    now in ms, or "" to read Redis TIME
+ARGV[4]    the idempotency field ("i:<key>") the group wrote, or ""
+ARGV[4+i]  the tag of candidate KEYS[1+i] (store::redis::record_tag)
+
+Reply: 1 when a reservation was released, 0 when there was none.
+]]
+
+-- clock_now(), records_hash(): limits.lua; ENTRY, undo(): undo.lua.
+
+local request_id = ARGV[1]
+local gen = tonumber(ARGV[2]) or 0
+local now = clock_now(ARGV[3])
+if gen <= 0 or now == nil then
+  return redis.error_reply('release.lua: record TTL (ARGV[2]) or now (ARGV[3]) is not a number')
+end
+local g = math.floor(now / gen)
+for _, gg in ipairs({ g, g - 1 }) do
+  local hash = records_hash(KEYS[1], gg)
+  local value = redis.call('HGET', hash, request_id)
+  if value then
+    local ms = string.match(value, '^%d+')
+    if not ms then
+      return redis.error_reply('release.lua: unreadable request record ' .. request_id .. ' in ' .. hash)
+    end
+    local t = gg * gen + tonumber(ms)
+    local named = {}
+    for kind, tag in string.gmatch(string.sub(value, #ms + 1), ENTRY) do
+      named[tag] = kind
+    end
+    for i = 2, #KEYS do
+      undo(KEYS[i], named[ARGV[i + 3]], t, request_id)
+    end
+    redis.call('HDEL', hash, request_id)
+    local idem = ARGV[4]
+    if idem ~= '' and redis.call('HGET', hash, idem) == request_id then
+      redis.call('HDEL', hash, idem)
+    end
+    return 1
+  end
+end
+return 0

@@ -1,0 +1,150 @@
+//! Releases on Redis Cluster: what a slot group reserved for a check the node then denied
+//! goes back, by request id, off the answer's path.
+//!
+//! A cluster check runs one script per slot group at once; each group reserves (records
+//! the request) only when none of its own limits is full. When another group says no, or
+//! fails, the reservations of the groups that said yes are released here: a bounded queue,
+//! drained by one task, each release retried a few times with a growing pause. A release
+//! is idempotent (`lua/release.lua` finds the reservation's record or does nothing), so a
+//! retry after a lost reply is harmless. A release that is dropped (the queue full, every
+//! retry failed) leaves a unit held until its window passes: the limit admits less, never
+//! more. Each drop is logged and counted.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Script;
+use tokio::sync::mpsc;
+
+use super::redis::{record_tag, RELEASE_LUA};
+use super::redis_link::RedisLink;
+use crate::rules::Algorithm;
+
+/// Releases waiting at most; past it a release is dropped (under-admission only).
+pub const QUEUE: usize = 16_384;
+/// Tries per release.
+const TRIES: u32 = 5;
+/// The pause after the first failed try; doubled after each.
+const FIRST_PAUSE_MS: u64 = 20;
+
+/// What one slot group gives back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Release {
+    /// The group's records key (the script appends the generation).
+    pub records_key: String,
+    /// The group's limit keys and their algorithms.
+    pub keys: Vec<(String, Algorithm)>,
+    pub request_id: String,
+    pub record_ttl_ms: u64,
+    /// The idempotency field the group wrote (`i:<key>`), if any.
+    pub idempotency_field: Option<String>,
+    /// `None` reads Redis `TIME`.
+    pub now: Option<u64>,
+}
+
+/// The queue and its counters.
+pub struct Releaser {
+    tx: mpsc::Sender<Release>,
+    dropped: Arc<AtomicU64>,
+    done: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Releaser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Releaser")
+            .field("dropped", &self.dropped())
+            .field("done", &self.done())
+            .finish()
+    }
+}
+
+impl Releaser {
+    /// Starts the task that runs releases on `link` (on the calling runtime).
+    pub fn start(link: Arc<RedisLink>) -> Releaser {
+        let (tx, mut rx) = mpsc::channel::<Release>(QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(AtomicU64::new(0));
+        let (dropped_by_task, done_by_task) = (dropped.clone(), done.clone());
+        let script = Script::new(RELEASE_LUA);
+        tokio::spawn(async move {
+            while let Some(release) = rx.recv().await {
+                if run(&link, &script, &release).await {
+                    done_by_task.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    dropped_by_task.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        Releaser { tx, dropped, done }
+    }
+
+    /// Queues a release; drops it (logged, counted) when the queue is full.
+    pub fn release(&self, release: Release) {
+        if let Err(e) = self.tx.try_send(release) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            let request_id = match &e {
+                mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => {
+                    &r.request_id
+                }
+            };
+            tracing::warn!(
+                request_id = %request_id,
+                "a cluster reservation could not be queued for release (queue full): it \
+                 holds a unit until its window passes"
+            );
+        }
+    }
+
+    /// Releases given up (queue full, or every try failed) since start.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Releases run (whether or not a reservation was found) since start.
+    pub fn done(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+}
+
+/// Runs one release, retrying; whether it ran.
+async fn run(link: &RedisLink, script: &Script, r: &Release) -> bool {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(1 + r.keys.len());
+    cmd.arg(&r.records_key);
+    for (key, _) in &r.keys {
+        cmd.arg(key);
+    }
+    cmd.arg(&r.request_id).arg(r.record_ttl_ms);
+    match r.now {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+    cmd.arg(r.idempotency_field.as_deref().unwrap_or(""));
+    for (key, algorithm) in &r.keys {
+        match algorithm {
+            Algorithm::SlidingWindow => cmd.arg(""),
+            _ => cmd.arg(&record_tag(key)[..]),
+        };
+    }
+    let mut pause = Duration::from_millis(FIRST_PAUSE_MS);
+    for attempt in 1..=TRIES {
+        match link.eval(script, &cmd).await {
+            Ok(_) => return true,
+            Err(e) if attempt == TRIES => {
+                tracing::warn!(
+                    request_id = %r.request_id,
+                    records_key = %r.records_key,
+                    error = %e,
+                    "a cluster reservation was not released after {TRIES} tries: it holds a \
+                     unit until its window passes"
+                );
+            }
+            Err(_) => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+        }
+    }
+    false
+}
