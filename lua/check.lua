@@ -19,7 +19,9 @@ KEYS[1+i]  the key of limit i, in the order of the limits. Sliding limits over t
            dimensions share one ZSET, so a key may appear more than once
 
 ARGV[1]    request id (the ZSET member)
-ARGV[2]    dry run: "1" decides and writes nothing, "0" records
+ARGV[2]    dry run: "1" decides and writes nothing, "0" records; on Redis Cluster
+           "0.<digits>" records, the record ending in ".<digits>" (the reservation's stamp,
+           limits.lua)
 ARGV[3]    the repeats to look for, as decide.lua's: "r" the request's record (the caller
            named the request id), "i" the idempotency key (ARGV[6]), "ri" both, "" neither
 ARGV[4]    record TTL, ms: the request records' generation (a record lives at least this
@@ -106,6 +108,6 @@ if dry_run then
 end
 
 -- Phase 2: add to every key, write the request and idempotency records.
-limits_record(limits, now, request_id, KEYS[1], idem_field, record_ttl)
+limits_record(limits, now, request_id, KEYS[1], idem_field, record_ttl, string.sub(ARGV[2], 2))
 
 return reply('allow', true)

@@ -41,7 +41,9 @@ Stored shapes (refund.lua reads them):
   records  HASH  <records key>:<g>, field = request id, value = "<ms>" then "f<tag>" or
            "t<tag>" per fixed window or bucket the request counted in: ms since the start
            of generation g (g = floor(now / record_ttl)), then what refund.lua may undo
-           there (a fixed window only while its start is not after the request). A sliding
+           there (a fixed window only while its start is not after the request), then on
+           Redis Cluster ".<digits>": the reservation's stamp, which release.lua matches so a
+           release of one attempt never takes a later attempt with the same id. A sliding
            ZSET is not named: its member is the request id, so refund.lua removes the id
            from the caller's candidate ZSETs, which touches nothing this request did not
            add. A check with an idempotency key also writes field "i:<key>" = the request
@@ -209,9 +211,9 @@ end
 
 -- Phase 2, only when no limit is exceeded and not a dry run (all-or-nothing: one exceeded
 -- limit and nothing is recorded anywhere): adds the request to every applying limit, then
--- writes its request record and, with idem_field (nil when the check carries none), its
--- idempotency record.
-local function limits_record(limits, now, request_id, records_key, idem_field, record_ttl)
+-- writes its request record (ending in stamp, "" or nil off a cluster) and, with
+-- idem_field (nil when the check carries none), its idempotency record.
+local function limits_record(limits, now, request_id, records_key, idem_field, record_ttl, stamp)
   -- A key named twice (sliding limits sharing a ZSET) is written once; its expiry follows
   -- the longest retain among the applying limits naming it.
   local record = {}
@@ -275,7 +277,7 @@ local function limits_record(limits, now, request_id, records_key, idem_field, r
   local g = math.floor(now / record_ttl)
   local start = g * record_ttl
   local hash = records_hash(records_key, g)
-  local value = int(now - start) .. table.concat(record)
+  local value = int(now - start) .. table.concat(record) .. (stamp or '')
   local added
   if idem_field then
     added = redis.call('HSET', hash, request_id, value, idem_field, request_id, '#', '') - 2

@@ -12,7 +12,10 @@ ARGV[1]    request id
 ARGV[2]    record TTL (the generation's length), ms
 ARGV[3]    now in ms, or "" to read Redis TIME
 ARGV[4]    the idempotency field ("i:<key>") the group wrote, or ""
-ARGV[4+i]  the tag of candidate KEYS[1+i] (store::redis::record_tag)
+ARGV[5]    the reservation's stamp (digits): only a record ending in ".<stamp>" is this
+           reservation; another attempt with the same request id (a retry after a 503,
+           admitted meanwhile) has its own stamp and is not touched
+ARGV[5+i]  the tag of candidate KEYS[1+i] (store::redis::record_tag)
 
 Reply: 1 when a reservation was released, 0 when there was none.
 ]]
@@ -26,10 +29,13 @@ if gen <= 0 or now == nil then
   return redis.error_reply('release.lua: record TTL (ARGV[2]) or now (ARGV[3]) is not a number')
 end
 local g = math.floor(now / gen)
+if not string.match(ARGV[5], '^%d+$') then
+  return redis.error_reply('release.lua: stamp (ARGV[5]) is not digits')
+end
 for _, gg in ipairs({ g, g - 1 }) do
   local hash = records_hash(KEYS[1], gg)
   local value = redis.call('HGET', hash, request_id)
-  if value then
+  if value and string.sub(value, -(#ARGV[5] + 1)) == '.' .. ARGV[5] then
     local ms = string.match(value, '^%d+')
     if not ms then
       return redis.error_reply('release.lua: unreadable request record ' .. request_id .. ' in ' .. hash)
@@ -40,7 +46,7 @@ for _, gg in ipairs({ g, g - 1 }) do
       named[tag] = kind
     end
     for i = 2, #KEYS do
-      undo(KEYS[i], named[ARGV[i + 3]], t, request_id)
+      undo(KEYS[i], named[ARGV[i + 4]], t, request_id)
     end
     redis.call('HDEL', hash, request_id)
     local idem = ARGV[4]

@@ -105,7 +105,7 @@ impl ClusterDecider {
     }
 
     /// Queues the release of `group`'s reservation.
-    fn release(&self, plan: &CheckPlan, group: &Group, now: Option<u64>) {
+    fn release(&self, plan: &CheckPlan, group: &Group, now: Option<u64>, stamp: u64) {
         self.releaser.release(Release {
             records_key: group.records_key.clone(),
             keys: group
@@ -121,6 +121,7 @@ impl ClusterDecider {
                 .filter(|_| group.main)
                 .map(idempotency_field),
             now,
+            stamp,
         });
     }
 }
@@ -182,6 +183,9 @@ impl Decider for ClusterDecider {
             .collect();
         let groups = groups(plan, &sent)?;
         let now = self.now_arg();
+        // This attempt's reservations, told apart from another attempt's with the same
+        // request id (a retry after an error answer): a release takes only its own.
+        let stamp: u64 = rand::random();
         let calls = groups.iter().map(|g| {
             let call = CheckCall {
                 records_key: &g.records_key,
@@ -191,6 +195,7 @@ impl Decider for ClusterDecider {
                 id_given: plan.id_given,
                 record_ttl_ms: plan.record_ttl_ms,
                 now,
+                stamp: Some(stamp),
             };
             let limits = g.limits.iter().map(|&j| {
                 let l = &plan.limits[j];
@@ -223,7 +228,7 @@ impl Decider for ClusterDecider {
         let release_all = || {
             for (i, g) in groups.iter().enumerate() {
                 if holds(i) {
-                    self.release(plan, g, now);
+                    self.release(plan, g, now, stamp);
                 }
             }
         };

@@ -159,6 +159,7 @@ fn limits_invocation(
         id_given: plan.id_given,
         record_ttl_ms: plan.record_ttl_ms,
         now,
+        stamp: None,
     };
     let limits = sent.iter().map(|&j| {
         let l = &plan.limits[j];

@@ -152,7 +152,12 @@ pub fn command<'l>(
     limits: impl ExactSizeIterator<Item = CheckLimit<'l>> + Clone,
 ) -> Cmd {
     let mut cmd = call.head(sha, limits.clone(), 1 + limits.len());
-    cmd.arg(record_entries(limits.clone()));
+    let mut entries = record_entries(limits.clone());
+    if let Some(stamp) = call.stamp {
+        // The shaped script appends ARGV[7] to the record as it is: the stamp rides on it.
+        let _ = write!(entries, ".{stamp}");
+    }
+    cmd.arg(entries);
     for (_, _, _, max, _) in limits {
         cmd.arg(max);
     }

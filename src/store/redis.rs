@@ -51,6 +51,9 @@ pub struct CheckCall<'a> {
     pub record_ttl_ms: u64,
     /// `None` reads Redis `TIME`.
     pub now: Option<u64>,
+    /// On Redis Cluster, the reservation's stamp: the record ends in `.<stamp>` (see
+    /// `store::release`); `None` elsewhere.
+    pub stamp: Option<u64>,
 }
 
 /// One limit of a [`CheckCall`]: key, algorithm, window, max, retain (all ms but max).
@@ -73,9 +76,13 @@ impl CheckCall<'_> {
         for (key, ..) in limits {
             cmd.arg(key);
         }
-        cmd.arg(self.request_id)
-            .arg(if self.dry_run { "1" } else { "0" })
-            .arg(repeats(self.id_given, self.idempotency_key.is_some()))
+        cmd.arg(self.request_id);
+        match (self.dry_run, self.stamp) {
+            (true, _) => cmd.arg("1"),
+            (false, None) => cmd.arg("0"),
+            (false, Some(stamp)) => cmd.arg(format!("0.{stamp}")),
+        };
+        cmd.arg(repeats(self.id_given, self.idempotency_key.is_some()))
             .arg(self.record_ttl_ms.max(1));
         match self.now {
             Some(now) => cmd.arg(now),
@@ -388,6 +395,7 @@ impl WindowStore for RedisStore {
             id_given: op.id_given,
             record_ttl_ms: op.record_ttl_ms,
             now: self.now_arg(),
+            stamp: None,
         };
         let limits = op
             .limits

@@ -41,6 +41,8 @@ pub struct Release {
     pub idempotency_field: Option<String>,
     /// `None` reads Redis `TIME`.
     pub now: Option<u64>,
+    /// The reservation's stamp (`CheckCall::stamp`): only the record it ends is released.
+    pub stamp: u64,
 }
 
 /// The queue and its counters.
@@ -121,6 +123,7 @@ async fn run(link: &RedisLink, script: &Script, r: &Release) -> bool {
         None => cmd.arg(""),
     };
     cmd.arg(r.idempotency_field.as_deref().unwrap_or(""));
+    cmd.arg(r.stamp);
     for (key, algorithm) in &r.keys {
         match algorithm {
             Algorithm::SlidingWindow => cmd.arg(""),

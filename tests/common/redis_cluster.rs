@@ -130,11 +130,7 @@ impl RedisCluster {
     /// `CLUSTER FAILOVER` on replica `i`: it takes over from its master, in coordination
     /// with it (no write is lost). Waits until the cluster is healthy again.
     pub fn manual_failover(&self, replica: usize) {
-        let ok: String = redis::cmd("CLUSTER")
-            .arg("FAILOVER")
-            .query(&mut self.nodes[replica].conn())
-            .expect("CLUSTER FAILOVER");
-        assert_eq!(ok, "OK");
+        self.start_failover(replica);
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.role(replica) != "master" {
             assert!(
@@ -144,6 +140,16 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(20));
         }
         self.wait_healthy(Duration::from_secs(30));
+    }
+
+    /// Sends `CLUSTER FAILOVER` to replica `i` and returns at once (the failover goes on
+    /// in the cluster; [`Self::role`] tells when it is done).
+    pub fn start_failover(&self, replica: usize) {
+        let ok: String = redis::cmd("CLUSTER")
+            .arg("FAILOVER")
+            .query(&mut self.nodes[replica].conn())
+            .expect("CLUSTER FAILOVER");
+        assert_eq!(ok, "OK");
     }
 
     /// A replica of the master at index `master`.

@@ -28,6 +28,15 @@ struct Node {
 
 impl Node {
     async fn start(cluster: &RedisCluster, rules: &str) -> Result<Node, String> {
+        Self::start_with(cluster, rules, 1_000).await
+    }
+
+    /// A node whose store calls time out after `timeout_ms`.
+    async fn start_with(
+        cluster: &RedisCluster,
+        rules: &str,
+        timeout_ms: u64,
+    ) -> Result<Node, String> {
         let rules_dir = tempfile::tempdir().expect("rules dir");
         std::fs::write(rules_dir.path().join("rules.toml"), rules).expect("rules file");
         let data_dir = tempfile::tempdir().expect("data dir");
@@ -39,7 +48,7 @@ impl Node {
         };
         config.store.backend = StoreBackend::RedisCluster;
         config.store.redis_url = cluster.urls();
-        config.store.timeout_ms = 1_000;
+        config.store.timeout_ms = timeout_ms;
         let running = vigia::app::start(&config, Some(2), Arc::new(SystemClock))
             .await
             .map_err(|e| e.to_string())?;
@@ -47,7 +56,12 @@ impl Node {
         actix_web::rt::spawn(running.server);
         Ok(Node {
             base: format!("http://{}", running.addr),
-            client: reqwest::Client::new(),
+            // Idle connections are dropped before the server's keep-alive (5 s) could close
+            // one under a request: the failover tests wait seconds between checks.
+            client: reqwest::Client::builder()
+                .pool_idle_timeout(Duration::from_secs(1))
+                .build()
+                .expect("HTTP client"),
             handle,
             _dirs: (rules_dir, data_dir),
         })
@@ -273,4 +287,243 @@ fn the_local_cluster_has_three_masters_and_fails_over_on_demand() {
         .query(&mut cluster.conn())
         .expect("GET after the failover");
     assert_eq!(v, "1");
+}
+
+/// A claim of a fresh user (every one allowed while the store answers).
+fn fresh(i: usize) -> Value {
+    json!({
+        "scene": "s", "request_id": format!("f{i}"), "user_id": format!("fresh{i}"),
+        "device_id": format!("device-{:04}", i % 997), "ip": format!("198.51.100.{}", i % 250),
+    })
+}
+
+/// Every master loses its scripts (`SCRIPT FLUSH`, as after a restart or a failover to a
+/// replica that never loaded them): the next checks reload them and answer normally.
+#[actix_web::test]
+async fn a_master_that_lost_its_scripts_is_reloaded_without_an_error_answer() {
+    let cluster = RedisCluster::start();
+    let node = Node::start(&cluster, LIMITS).await.expect("vigia starts");
+    let (_, first) = node.check(&fresh(0)).await;
+    assert_eq!(first["decision"], "allow", "{first}");
+    for &m in &cluster.masters() {
+        cluster.nodes[m].command(&["SCRIPT", "FLUSH"]);
+    }
+    for i in 1..20 {
+        let (status, body) = node.check(&fresh(i)).await;
+        assert_eq!(
+            (status, body["decision"].as_str()),
+            (200, Some("allow")),
+            "{body}"
+        );
+        assert_eq!(body["degraded"], false, "{body}");
+    }
+}
+
+/// Checks keep flowing from three nodes while a replica takes over from its master on
+/// demand (`CLUSTER FAILOVER`): no answer is an error or degraded, and the limits still
+/// count exactly on the new master.
+#[actix_web::test]
+async fn a_manual_failover_under_load_answers_every_check_normally() {
+    let cluster = RedisCluster::start();
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(Node::start(&cluster, LIMITS).await.expect("vigia starts"));
+    }
+    let user_key = "lt:s:{uid:fresh7}";
+    let master = cluster.master_of(user_key);
+    let replica = cluster.replica_of(master);
+    // Batches of 30 checks at once from the three nodes; the failover starts after the
+    // third and the load goes on until the replica serves the slot and 200 more passed.
+    let mut i = 0;
+    let mut after = None;
+    loop {
+        let bodies: Vec<Value> = (i..i + 30).map(fresh).collect();
+        let answers = futures::future::join_all(
+            bodies
+                .iter()
+                .enumerate()
+                .map(|(k, b)| nodes[k % 3].check(b)),
+        )
+        .await;
+        for (status, body) in answers {
+            assert_eq!(
+                (
+                    status,
+                    body["decision"].as_str(),
+                    body["degraded"].as_bool()
+                ),
+                (200, Some("allow"), Some(false)),
+                "during the failover: {body}"
+            );
+        }
+        i += 30;
+        if i == 90 {
+            cluster.start_failover(replica);
+        }
+        if after.is_none() && i > 90 && cluster.role(replica) == "master" {
+            after = Some(i);
+        }
+        if after.is_some_and(|a| i >= a + 200) {
+            break;
+        }
+        assert!(i < 30_000, "the replica was not promoted");
+    }
+    assert_eq!(cluster.master_of(user_key), replica);
+    // The user's window moved with its slot: fresh7 already counted once.
+    let mut allowed = 0;
+    for k in 0..5 {
+        let mut b = fresh(7);
+        b["request_id"] = json!(format!("again{k}"));
+        b["device_id"] = json!(format!("device-x{k:04}"));
+        let (_, body) = nodes[k % 3].check(&b).await;
+        if body["decision"] == "allow" {
+            allowed += 1;
+        }
+    }
+    assert_eq!(
+        allowed, 2,
+        "user_1m allows 3 a minute; one was counted before"
+    );
+}
+
+/// A master is killed mid-load: checks on its slots answer by the scene's policy
+/// (`fail_close`: 503, degraded) until its replica is promoted, then normally again —
+/// within the cluster's failover plus one timeout and the breaker's interval — without
+/// restarting vigia, and the limits count exactly afterwards.
+#[actix_web::test]
+async fn a_killed_master_costs_its_failover_and_then_everything_is_normal() {
+    let mut cluster = RedisCluster::start();
+    let node = Node::start(&cluster, LIMITS).await.expect("vigia starts");
+    // Users whose keys live on the master that dies, and on the others.
+    let victim_key = "lt:s:{uid:fresh1}";
+    let victim = cluster.master_of(victim_key);
+    let replica = cluster.replica_of(victim);
+    let (_, body) = node.check(&fresh(1)).await;
+    assert_eq!(body["decision"], "allow", "{body}");
+
+    let killed = Instant::now();
+    cluster.nodes[victim].kill();
+    let mut degraded = 0;
+    let mut i = 1000;
+    let deadline = killed + Duration::from_secs(30);
+    // Checks of users on the dead master's slots until they are answered normally again.
+    let recovered = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no normal answer 30 s after the kill"
+        );
+        let mut b = fresh(i);
+        b["user_id"] = json!("fresh1");
+        b["request_id"] = json!(format!("k{i}"));
+        i += 1;
+        let started = Instant::now();
+        let (status, body) = node.check(&b).await;
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(1_000 + 1_500),
+            "a check took {took:?}: one timeout (1 s) is the most a check may wait"
+        );
+        match (status, body["degraded"].as_bool()) {
+            (503, Some(true)) => {
+                assert_eq!(body["reason"], "store_unavailable", "{body}");
+                degraded += 1;
+            }
+            (200, Some(false)) => break killed.elapsed(),
+            other => panic!("after the kill a check answered {other:?}: {body}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let promoted = {
+        // The replica is the master now (the harness waits for the cluster to agree).
+        cluster.wait_healthy(Duration::from_secs(30));
+        cluster.master_of(victim_key)
+    };
+    assert_eq!(promoted, replica);
+    eprintln!(
+        "killed master: {degraded} degraded answers, normal again {recovered:?} after the kill"
+    );
+    assert!(
+        degraded > 0,
+        "the kill was never seen: the test did not test a failover"
+    );
+    // Counts are exact afterwards: fresh1 had 1 counted before the kill and the answer
+    // that came back normal was allowed (2): one more is allowed, then denies.
+    let mut b = fresh(1);
+    b["request_id"] = json!("after1");
+    let (_, body) = node.check(&b).await;
+    assert_eq!(body["decision"], "allow", "{body}");
+    b["request_id"] = json!("after2");
+    let (_, body) = node.check(&b).await;
+    assert_eq!(body["decision"], "friendly_deny", "{body}");
+    // The dead master comes back as a replica of the new one; nothing changes for checks.
+    cluster.nodes[victim].restart();
+    cluster.wait_healthy(Duration::from_secs(30));
+    b["request_id"] = json!("after3");
+    let (status, _) = node.check(&b).await;
+    assert_eq!(status, 429);
+}
+
+/// One slot group times out (its master hangs) while the others reserve: the check is
+/// answered by the scene's policy, and what every group reserved goes back — the groups
+/// that answered, and the one that ran its script late — so the limits count exactly.
+#[actix_web::test]
+async fn a_group_that_times_out_is_the_policys_and_gives_back_what_it_reserved() {
+    let mut cluster = RedisCluster::start();
+    let node = Node::start_with(&cluster, LIMITS, 200)
+        .await
+        .expect("vigia starts");
+    // A user and a device on different masters.
+    let user_key = "lt:s:{uid:slow}";
+    let hung = cluster.master_of(user_key);
+    let device = (0..)
+        .map(|d| format!("device-{d:04}"))
+        .find(|d| cluster.master_of(&format!("lt:s:fw:device_1m:{{did:{d}}}")) != hung)
+        .expect("a device on another master");
+    let device_key = format!("lt:s:fw:device_1m:{{did:{device}}}");
+    let claim = |id: &str| {
+        json!({"scene": "s", "request_id": id, "user_id": "slow", "device_id": device,
+               "ip": "203.0.113.9"})
+    };
+    cluster.nodes[hung].pause();
+    let (status, body) = node.check(&claim("t1")).await;
+    // Less than cluster-node-timeout: the master is slow, not failed over.
+    std::thread::sleep(Duration::from_millis(300));
+    cluster.nodes[hung].resume();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["reason"], "store_unavailable", "{body}");
+    assert_eq!(body["degraded"], true, "{body}");
+
+    // The device's reservation, and the user's made late, are released.
+    let mut conn = cluster.conn();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d: Option<u64> = redis::cmd("HGET")
+            .arg(&device_key)
+            .arg("c")
+            .query(&mut conn)
+            .expect("HGET");
+        let u: u64 = redis::cmd("ZCARD")
+            .arg(user_key)
+            .query(&mut conn)
+            .expect("ZCARD");
+        if d.unwrap_or(0) == 0 && u == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "10 s after the timeout the cluster still holds device {d:?}, user {u}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The same request id is a new check (nothing of it was kept), and the user's 3 a
+    // minute are whole.
+    let mut allowed = 0;
+    for id in ["t1", "t2", "t3", "t4"] {
+        let (_, body) = node.check(&claim(id)).await;
+        assert!(body["duplicate_of"].is_null(), "{body}");
+        if body["decision"] == "allow" {
+            allowed += 1;
+        }
+    }
+    assert_eq!(allowed, 3);
 }

@@ -131,6 +131,8 @@ fn a_script_made_for_a_shape_answers_and_writes_as_check_lua_does() {
                 .then(|| format!("i{}", rng.random_range(0..4)));
             let dry_run = rng.random_bool(0.15);
             let id_given = rng.random_bool(0.5);
+            // A cluster's reservation stamp: both must end the record with it.
+            let stamp = rng.random_bool(0.3).then(|| rng.random::<u64>());
             let mut answer = Vec::new();
             for general_db in [true, false] {
                 let keys: Vec<String> = specs
@@ -147,6 +149,7 @@ fn a_script_made_for_a_shape_answers_and_writes_as_check_lua_does() {
                     id_given,
                     record_ttl_ms: 900 * SEC,
                     now: Some(now),
+                    stamp,
                 };
                 let limits = specs
                     .iter()
