@@ -248,7 +248,7 @@ async fn open_stores(
                 None => redis,
             };
             let link = redis.link();
-            let decider = ClusterDecider::new(link.clone(), redis_clock(clock))
+            let decider = ClusterDecider::new(link.clone(), redis_clock(clock), metrics.clone())
                 .await
                 .map_err(redis_err)?;
             // Trust keys are one user's (one slot): the ledger's scripts run as on one Redis.

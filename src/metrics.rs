@@ -24,6 +24,7 @@ pub struct Metrics {
     /// `check_latency`, `blocks`, `signals_fired` and `over_limit_answers` (see [`Shards`]).
     shards: Arc<Shards>,
     store_errors: IntCounterVec,
+    cluster_releases: IntCounterVec,
     degraded: IntCounterVec,
     over_limit_answers: IntCounterVec,
     rule_reloads: IntCounterVec,
@@ -144,6 +145,11 @@ impl Metrics {
             "Store calls that failed, by store and kind.",
             &["store", "kind"],
         );
+        let cluster_releases = counter(
+            "vigia_cluster_releases_total",
+            "Redis Cluster: reservations of denied or failed checks given back, by result (released, none: nothing was held, dropped: queue full or every try failed — a unit held until its window passes).",
+            &["result"],
+        );
         let degraded = counter(
             "vigia_degraded_decisions_total",
             "Decisions taken without the store, by scene and policy.",
@@ -238,6 +244,7 @@ impl Metrics {
             check_latency,
             shards: Arc::default(),
             store_errors,
+            cluster_releases,
             degraded,
             over_limit_answers,
             rule_reloads,
@@ -308,6 +315,11 @@ impl Metrics {
 
     pub fn store_error(&self, store: &str, kind: &str) {
         self.store_errors.with_label_values(&[store, kind]).inc();
+    }
+
+    /// A cluster release's result: `released`, `none`, `dropped`.
+    pub fn cluster_release(&self, result: &str) {
+        self.cluster_releases.with_label_values(&[result]).inc();
     }
 
     pub fn degraded(&self, scene: &str, policy: &str) {

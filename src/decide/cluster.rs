@@ -34,6 +34,7 @@ use super::redis::{applies_without_trust, limits_judged, limits_only};
 use super::{CheckPlan, Decided, Decider};
 use crate::clock::Clock;
 use crate::keys::{group_records_key, hash_tag, slot};
+use crate::metrics::Metrics;
 use crate::store::limits_script::LimitScripts;
 use crate::store::redis::{
     idempotency_field, parse_check_reply, CheckCall, RELEASE_LUA, STARTUP_MIN_MS,
@@ -77,13 +78,14 @@ impl ClusterDecider {
     pub async fn new(
         link: Arc<RedisLink>,
         clock: Option<Arc<dyn Clock>>,
+        metrics: Metrics,
     ) -> Result<ClusterDecider, StoreError> {
         let startup_ms = link.timeout_ms().max(STARTUP_MIN_MS);
         let shaped = LimitScripts::default();
         let release = Script::new(RELEASE_LUA);
         link.load_scripts(&[shaped.check_lua(), &release], startup_ms)
             .await?;
-        let releaser = Releaser::start(link.clone());
+        let releaser = Releaser::start(link.clone(), metrics);
         Ok(ClusterDecider {
             link,
             shaped,

@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 
 use super::redis::{record_tag, RELEASE_LUA};
 use super::redis_link::RedisLink;
+use crate::metrics::Metrics;
 use crate::rules::Algorithm;
 
 /// Releases waiting at most; past it a release is dropped (under-admission only).
@@ -45,11 +46,12 @@ pub struct Release {
     pub stamp: u64,
 }
 
-/// The queue and its counters.
+/// The queue and its counters (also `vigia_cluster_releases_total{result}`).
 pub struct Releaser {
     tx: mpsc::Sender<Release>,
     dropped: Arc<AtomicU64>,
     done: Arc<AtomicU64>,
+    metrics: Metrics,
 }
 
 impl std::fmt::Debug for Releaser {
@@ -63,28 +65,41 @@ impl std::fmt::Debug for Releaser {
 
 impl Releaser {
     /// Starts the task that runs releases on `link` (on the calling runtime).
-    pub fn start(link: Arc<RedisLink>) -> Releaser {
+    pub fn start(link: Arc<RedisLink>, metrics: Metrics) -> Releaser {
         let (tx, mut rx) = mpsc::channel::<Release>(QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
         let done = Arc::new(AtomicU64::new(0));
         let (dropped_by_task, done_by_task) = (dropped.clone(), done.clone());
+        let task_metrics = metrics.clone();
         let script = Script::new(RELEASE_LUA);
         tokio::spawn(async move {
             while let Some(release) = rx.recv().await {
-                if run(&link, &script, &release).await {
+                let result = run(&link, &script, &release).await;
+                if result.is_some() {
                     done_by_task.fetch_add(1, Ordering::Relaxed);
                 } else {
                     dropped_by_task.fetch_add(1, Ordering::Relaxed);
                 }
+                task_metrics.cluster_release(match result {
+                    Some(true) => "released",
+                    Some(false) => "none",
+                    None => "dropped",
+                });
             }
         });
-        Releaser { tx, dropped, done }
+        Releaser {
+            tx,
+            dropped,
+            done,
+            metrics,
+        }
     }
 
     /// Queues a release; drops it (logged, counted) when the queue is full.
     pub fn release(&self, release: Release) {
         if let Err(e) = self.tx.try_send(release) {
             self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.metrics.cluster_release("dropped");
             let request_id = match &e {
                 mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => {
                     &r.request_id
@@ -109,8 +124,9 @@ impl Releaser {
     }
 }
 
-/// Runs one release, retrying; whether it ran.
-async fn run(link: &RedisLink, script: &Script, r: &Release) -> bool {
+/// Runs one release, retrying: whether it found the reservation, `None` when every try
+/// failed.
+async fn run(link: &RedisLink, script: &Script, r: &Release) -> Option<bool> {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(1 + r.keys.len());
     cmd.arg(&r.records_key);
@@ -133,7 +149,7 @@ async fn run(link: &RedisLink, script: &Script, r: &Release) -> bool {
     let mut pause = Duration::from_millis(FIRST_PAUSE_MS);
     for attempt in 1..=TRIES {
         match link.eval(script, &cmd).await {
-            Ok(_) => return true,
+            Ok(reply) => return Some(reply == redis::Value::Int(1)),
             Err(e) if attempt == TRIES => {
                 tracing::warn!(
                     request_id = %r.request_id,
@@ -149,5 +165,5 @@ async fn run(link: &RedisLink, script: &Script, r: &Release) -> bool {
             }
         }
     }
-    false
+    None
 }
