@@ -181,28 +181,52 @@ async fn open_stores(
                 embedded: vec![windows],
             }
         }
-        StoreBackend::Redis => {
+        StoreBackend::Redis | StoreBackend::RedisCluster => {
+            let cluster = config.store.backend == StoreBackend::RedisCluster;
             let redis_err = |source| StartError::Store {
-                backend: "redis",
+                backend: config.store.backend.name(),
                 url: config.store.redis_url.clone(),
                 source,
             };
-            let breaker = Breaker::new("redis", config.store.breaker(), Some(metrics.clone()));
-            let redis = RedisStore::connect_with(
-                &config.store.redis_url,
-                config.store.timeout_ms,
-                Arc::new(breaker),
-            )
-            .await
+            let breaker = Arc::new(Breaker::new(
+                "redis",
+                config.store.breaker(),
+                Some(metrics.clone()),
+            ));
+            let redis = if cluster {
+                // Seed nodes, comma-separated: the rest of the cluster is discovered.
+                let seeds: Vec<String> = config
+                    .store
+                    .redis_url
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                RedisStore::connect_cluster_with(&seeds, config.store.timeout_ms, breaker).await
+            } else {
+                RedisStore::connect_with(&config.store.redis_url, config.store.timeout_ms, breaker)
+                    .await
+            }
             .map_err(redis_err)?;
             let redis = match redis_clock(clock) {
                 Some(clock) => redis.with_clock(clock),
                 None => redis,
             };
             let link = redis.link();
-            let decider = RedisDecider::new(link.clone(), redis_clock(clock))
-                .await
-                .map_err(redis_err)?;
+            let decider: Arc<dyn Decider> = if cluster {
+                Arc::new(
+                    ClusterDecider::new(link.clone(), redis_clock(clock), metrics.clone())
+                        .await
+                        .map_err(redis_err)?,
+                )
+            } else {
+                Arc::new(
+                    RedisDecider::new(link.clone(), redis_clock(clock))
+                        .await
+                        .map_err(redis_err)?,
+                )
+            };
+            // Trust keys are one user's (on a cluster, one slot): the same scripts serve.
             let ledger = RedisLedger::new(link, &key_prefix(config))
                 .await
                 .map_err(redis_err)?;
@@ -215,55 +239,7 @@ async fn open_stores(
             let local_decider =
                 EmbeddedDecider::new(local.clone(), behaviours.clone(), None, clock.clone());
             Stores {
-                decider: Arc::new(decider),
-                store: Arc::new(redis),
-                local: Some(Arc::new(local_decider)),
-                ledger: Arc::new(ledger),
-                embedded: vec![local],
-            }
-        }
-        StoreBackend::RedisCluster => {
-            let redis_err = |source| StartError::Store {
-                backend: "redis_cluster",
-                url: config.store.redis_url.clone(),
-                source,
-            };
-            let seeds: Vec<String> = config
-                .store
-                .redis_url
-                .split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect();
-            let breaker = Breaker::new("redis", config.store.breaker(), Some(metrics.clone()));
-            let redis = RedisStore::connect_cluster_with(
-                &seeds,
-                config.store.timeout_ms,
-                Arc::new(breaker),
-            )
-            .await
-            .map_err(redis_err)?;
-            let redis = match redis_clock(clock) {
-                Some(clock) => redis.with_clock(clock),
-                None => redis,
-            };
-            let link = redis.link();
-            let decider = ClusterDecider::new(link.clone(), redis_clock(clock), metrics.clone())
-                .await
-                .map_err(redis_err)?;
-            // Trust keys are one user's (one slot): the ledger's scripts run as on one Redis.
-            let ledger = RedisLedger::new(link, &key_prefix(config))
-                .await
-                .map_err(redis_err)?;
-            let ledger = match redis_clock(clock) {
-                Some(clock) => ledger.with_clock(clock),
-                None => ledger,
-            };
-            let local = open_embedded(config, "local", clock, purpose)?;
-            let local_decider =
-                EmbeddedDecider::new(local.clone(), behaviours.clone(), None, clock.clone());
-            Stores {
-                decider: Arc::new(decider),
+                decider,
                 store: Arc::new(redis),
                 local: Some(Arc::new(local_decider)),
                 ledger: Arc::new(ledger),

@@ -95,11 +95,13 @@ pub enum KeysCommand {
     ///
     /// Without --redis or --prefix, the missing one is read from the config (--config,
     /// default config.toml): [store] redis_url and key_prefix, with the VIGIA_* environment
-    /// applied as for serve; the flags win. On a terminal it shows a progress bar on
-    /// stderr; otherwise it prints only the summary line on stdout at the end.
+    /// applied as for serve; the flags win. On a Redis Cluster every master is scanned.
+    /// On a terminal it shows a progress bar on stderr; otherwise it prints only the
+    /// summary line on stdout at the end.
     Sweep {
-        /// The Redis node to sweep. Default: [store] redis_url in the config (or
-        /// VIGIA_REDIS_URL).
+        /// The Redis to sweep: one node's URL, or a Redis Cluster's seed node URLs
+        /// separated by commas (a cluster is recognised by asking the node; every master is
+        /// swept). Default: [store] redis_url in the config (or VIGIA_REDIS_URL).
         #[arg(long, value_name = "URL")]
         redis: Option<String>,
         /// Keys PREFIX:* are removed (`lt`, `lt:coupon_claim`). Default: [store] key_prefix

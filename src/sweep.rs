@@ -41,7 +41,29 @@
 //!
 //! Keys are handled as bytes (`Vec<u8>`): key names need not be UTF-8.
 //!
-//! One URL is one Redis node. For a Redis Cluster, run the sweep against each primary.
+//! # Redis Cluster
+//!
+//! The URL is one Redis node's, or a Redis Cluster's seed nodes separated by commas (the
+//! `[store] redis_url` of `backend = "redis_cluster"`). The sweep connects to the first
+//! seed that answers and asks it `CLUSTER SLOTS`:
+//!
+//! * a node with cluster support disabled is one Redis, swept as above;
+//! * a cluster node names the masters serving the slots, and the sweep walks each master in
+//!   turn with a plain connection to it (`SCAN` only sees the node it is sent to), so a
+//!   seed may be any node, replicas included. Every key a master's `SCAN` returns lives on
+//!   that master, so it is unlinked there; as a multi-key command must stay within one
+//!   slot, each batch is grouped by slot (the hash tag rule of `CLUSTER KEYSLOT`) and sent
+//!   as one `UNLINK` per slot, all of a batch's in one pipeline. Replicas are not scanned:
+//!   they drop the keys as their master's unlinks replicate.
+//! * When `CLUSTER SLOTS` is refused for another reason (an ACL without `CLUSTER`, a
+//!   renamed command), `INFO cluster` (`cluster_enabled`) decides; if that is refused too,
+//!   a single URL is swept as one node, as before cluster support.
+//!
+//! Several URLs that do not lead to a cluster are an error, not a sweep of one of them. A
+//! failover or a resharding during the sweep fails it (`MOVED`, `READONLY`) with an error
+//! naming the node; the keys unlinked until then stay unlinked, and running it again is
+//! safe. Progress and the report count across the masters, and the rate below is one
+//! budget for the whole cluster, not per master.
 //!
 //! # Throttling: `rate`
 //!
@@ -57,12 +79,13 @@
 //! [`target`] takes them from the command line, falling back on the service's own config
 //! (`[store] redis_url` and `key_prefix`), so a sweep removes the keys the service writes.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use redis::AsyncConnectionConfig;
+use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
 
 use crate::config::{Config, ConfigError};
 
@@ -119,6 +142,11 @@ pub struct SweepProgress {
     pub matched: u64,
     /// Keys removed so far, as counted by `UNLINK`'s replies; 0 in a dry run.
     pub removed: u64,
+    /// The node being swept, from 1: on a cluster, the master's rank in the order swept;
+    /// 1 for a single Redis.
+    pub node: usize,
+    /// The nodes the sweep walks: the cluster's masters, or 1 for a single Redis.
+    pub nodes: usize,
 }
 
 /// The outcome of a completed sweep.
@@ -131,6 +159,10 @@ pub struct SweepReport {
     /// SCAN round trips made.
     pub batches: u64,
     pub dry_run: bool,
+    /// The nodes swept: the cluster's masters, or 1 for a single Redis.
+    pub nodes: usize,
+    /// Whether the URL led to a Redis Cluster.
+    pub cluster: bool,
     /// From the connection to the last reply.
     pub elapsed: Duration,
     /// The part of `elapsed` spent waiting for the rate ([`SweepOptions::rate`]).
@@ -139,7 +171,8 @@ pub struct SweepReport {
 
 impl SweepReport {
     /// The one line the command prints at the end, e.g. `done: keys under lt: scanned 1200,
-    /// removed 1200 in 0.4 s`; a dry run says `would remove`.
+    /// removed 1200 in 0.4 s`; a dry run says `would remove`, a cluster's sweep adds `on 3
+    /// cluster masters`.
     pub fn summary(&self, prefix: &str) -> String {
         let (head, verb, acted) = if self.dry_run {
             ("dry run:", "would remove", self.matched)
@@ -151,6 +184,10 @@ impl SweepReport {
             self.matched,
             self.elapsed.as_secs_f64()
         );
+        if self.cluster {
+            let s = if self.nodes == 1 { "" } else { "s" };
+            line += &format!(" on {} cluster master{s}", self.nodes);
+        }
         if !self.throttled.is_zero() {
             line += &format!(
                 " ({:.1} s waiting for the rate)",
@@ -164,6 +201,7 @@ impl SweepReport {
 impl SweepProgress {
     /// A progress message after `elapsed`, e.g. `scanned 1200, removed 1100 (2400 keys/s)`;
     /// in a dry run `would remove`. The rate is of the keys removed (counted, in a dry run).
+    /// Sweeping several masters, it ends with the one being swept: `, master 2 of 3`.
     pub fn message(&self, dry_run: bool, elapsed: Duration) -> String {
         let (verb, acted) = if dry_run {
             ("would remove", self.matched)
@@ -171,10 +209,14 @@ impl SweepProgress {
             ("removed", self.removed)
         };
         let per_sec = acted as f64 / elapsed.as_secs_f64().max(1e-3);
-        format!(
+        let mut line = format!(
             "scanned {}, {verb} {acted} ({per_sec:.0} keys/s)",
             self.matched
-        )
+        );
+        if self.nodes > 1 {
+            line += &format!(", master {} of {}", self.node, self.nodes);
+        }
+        line
     }
 }
 
@@ -223,6 +265,7 @@ impl Pacer {
 /// Where to sweep: a Redis URL and a prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
+    /// One Redis node's URL, or a Redis Cluster's seed node URLs separated by commas.
     pub url: String,
     pub prefix: String,
 }
@@ -289,6 +332,37 @@ pub enum SweepError {
     },
     #[error("Redis error during the sweep: {0}")]
     Redis(#[from] redis::RedisError),
+    /// Several URLs were given, so the sweep expects a cluster, but the node that answered
+    /// is a single Redis.
+    #[error(
+        "{seeds} Redis URLs given, but {node} is not in cluster mode: give one URL to sweep \
+         a single Redis, or the seed nodes of a Redis Cluster"
+    )]
+    NotACluster { node: String, seeds: usize },
+    /// The seed is (or may be) a cluster node, but the masters could not be learned from it.
+    #[error("cannot learn the cluster's masters from {node} (CLUSTER SLOTS): {source}")]
+    Discover {
+        node: String,
+        #[source]
+        source: redis::RedisError,
+    },
+    #[error("{node} is in cluster mode, but no master serves any slot (CLUSTER SLOTS is empty)")]
+    NoMasters { node: String },
+    /// A cluster master (`host:port`, as `CLUSTER SLOTS` names it) did not accept the
+    /// connection.
+    #[error("cannot connect to cluster master {node}: {source}")]
+    ConnectNode {
+        node: String,
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A cluster master (`host:port`) answered a `SCAN` or an `UNLINK` with an error.
+    #[error("Redis error on cluster master {node} during the sweep: {source}")]
+    Node {
+        node: String,
+        #[source]
+        source: redis::RedisError,
+    },
 }
 
 /// Normalises a config prefix into the sweep's `MATCH` pattern (`PREFIX:*`, glob-escaped).
@@ -310,7 +384,8 @@ pub fn match_pattern(prefix: &str) -> Result<Vec<u8>, SweepError> {
     Ok(pattern)
 }
 
-/// Removes every key `PREFIX:*` on the Redis at `url` (see the module doc), calling
+/// Removes every key `PREFIX:*` on the Redis at `url` (one node's URL, or a cluster's
+/// seed URLs separated by commas: every master is swept; see the module doc), calling
 /// `progress` with running totals after every SCAN batch.
 pub async fn sweep(
     url: &str,
@@ -321,53 +396,349 @@ pub async fn sweep(
     if opts.batch == 0 {
         return Err(SweepError::ZeroBatch);
     }
-    let batch = opts.effective_batch();
     let started = Instant::now();
-    let mut conn = connect(url).await?;
+    let seeds = seed_urls(url);
+    let (seed, mut conn) = connect_first(url, &seeds).await?;
 
-    let mut pacer = opts.rate.map(Pacer::new);
-    let mut throttled = Duration::ZERO;
-    let mut totals = SweepProgress::default();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(batch)
-            .query_async(&mut conn)
-            .await?;
-        totals.batches += 1;
-        totals.matched += keys.len() as u64;
-        if opts.dry_run {
-            throttled += pace(&mut pacer, keys.len()).await;
-        } else {
-            // COUNT is a hint: one SCAN may return more than `batch` keys.
-            for chunk in keys.chunks(batch) {
-                throttled += pace(&mut pacer, chunk.len()).await;
-                let removed: u64 = redis::cmd("UNLINK")
-                    .arg(chunk)
-                    .query_async(&mut conn)
-                    .await?;
-                totals.removed += removed;
+    let mut walk = Walk {
+        pattern,
+        batch: opts.effective_batch(),
+        dry_run: opts.dry_run,
+        pacer: opts.rate.map(Pacer::new),
+        throttled: Duration::ZERO,
+        totals: SweepProgress {
+            node: 1,
+            nodes: 1,
+            ..SweepProgress::default()
+        },
+    };
+    let cluster = match topology(&mut conn, &seed, seeds.len()).await? {
+        Topology::Single => {
+            walk.node(&mut conn, false, &mut progress).await?;
+            false
+        }
+        Topology::Cluster(masters) => {
+            drop(conn);
+            walk.totals.nodes = masters.len();
+            for (i, master) in masters.iter().enumerate() {
+                walk.totals.node = i + 1;
+                let node = master.to_string();
+                let mut conn =
+                    connect_info(master.connection_info(&seed))
+                        .await
+                        .map_err(|source| SweepError::ConnectNode {
+                            node: node.clone(),
+                            source,
+                        })?;
+                walk.node(&mut conn, true, &mut progress)
+                    .await
+                    .map_err(|source| SweepError::Node { node, source })?;
             }
+            true
         }
-        progress(&totals);
-        cursor = next;
-        if cursor == 0 {
-            break;
-        }
-    }
+    };
 
     Ok(SweepReport {
-        matched: totals.matched,
-        removed: totals.removed,
-        batches: totals.batches,
+        matched: walk.totals.matched,
+        removed: walk.totals.removed,
+        batches: walk.totals.batches,
         dry_run: opts.dry_run,
+        nodes: walk.totals.nodes,
+        cluster,
         elapsed: started.elapsed(),
-        throttled,
+        throttled: walk.throttled,
     })
+}
+
+/// One sweep's state across the nodes it walks: one pacer (the rate is global) and the
+/// running totals.
+struct Walk {
+    pattern: Vec<u8>,
+    batch: usize,
+    dry_run: bool,
+    pacer: Option<Pacer>,
+    throttled: Duration,
+    totals: SweepProgress,
+}
+
+impl Walk {
+    /// SCANs one node to the end, unlinking (or counting) its matches on that node;
+    /// `by_slot`: one `UNLINK` per slot (a cluster node refuses a cross-slot one).
+    async fn node(
+        &mut self,
+        conn: &mut MultiplexedConnection,
+        by_slot: bool,
+        progress: &mut impl FnMut(&SweepProgress),
+    ) -> Result<(), redis::RedisError> {
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&self.pattern)
+                .arg("COUNT")
+                .arg(self.batch)
+                .query_async(conn)
+                .await?;
+            self.totals.batches += 1;
+            self.totals.matched += keys.len() as u64;
+            if self.dry_run {
+                self.throttled += pace(&mut self.pacer, keys.len()).await;
+            } else {
+                // COUNT is a hint: one SCAN may return more than `batch` keys.
+                for chunk in keys.chunks(self.batch) {
+                    self.throttled += pace(&mut self.pacer, chunk.len()).await;
+                    self.totals.removed += if by_slot {
+                        unlink_by_slot(conn, chunk).await?
+                    } else {
+                        redis::cmd("UNLINK").arg(chunk).query_async(conn).await?
+                    };
+                }
+            }
+            progress(&self.totals);
+            cursor = next;
+            if cursor == 0 {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// `UNLINK`s `keys`, all on the node behind `conn`, one command per slot, all in one
+/// pipeline; returns the keys removed.
+async fn unlink_by_slot(
+    conn: &mut MultiplexedConnection,
+    keys: &[Vec<u8>],
+) -> Result<u64, redis::RedisError> {
+    let mut groups: BTreeMap<u16, Vec<&Vec<u8>>> = BTreeMap::new();
+    for key in keys {
+        groups.entry(key_slot(key)).or_default().push(key);
+    }
+    let mut pipe = redis::pipe();
+    for group in groups.values() {
+        pipe.cmd("UNLINK").arg(group);
+    }
+    let removed: Vec<u64> = pipe.query_async(conn).await?;
+    Ok(removed.iter().sum())
+}
+
+/// The cluster slot of `key`, as `CLUSTER KEYSLOT` computes it: CRC16 (XMODEM) of the
+/// hash tag (the bytes between the first `{` and the next `}`, when not empty), or of the
+/// whole key, modulo 16384. The bytes twin of [`crate::keys::slot`].
+fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let len = rest.iter().position(|&b| b == b'}')?;
+        (len > 0).then(|| &rest[..len])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16384
+}
+
+/// The URLs in `url`: comma-separated, trimmed, empty ones dropped.
+fn seed_urls(url: &str) -> Vec<&str> {
+    url.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// The seed that answered: its connection settings and `host:port`.
+struct Seed {
+    info: ConnectionInfo,
+    node: String,
+}
+
+/// Connects to the first of `seeds` that answers. When none does, the error names `url`
+/// (redacted) and carries the first seed's error.
+async fn connect_first(
+    url: &str,
+    seeds: &[&str],
+) -> Result<(Seed, MultiplexedConnection), SweepError> {
+    let mut first_err = None;
+    // No seed at all (`url` blank or commas only): let the client say what is wrong.
+    let tried = if seeds.is_empty() { &[url][..] } else { seeds };
+    for seed in tried {
+        let attempt = match seed.into_connection_info() {
+            Ok(info) => connect_info(info.clone()).await.map(|conn| (info, conn)),
+            Err(e) => Err(e),
+        };
+        match attempt {
+            Ok((info, conn)) => {
+                let node = info.addr().to_string();
+                return Ok((Seed { info, node }, conn));
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    Err(SweepError::Connect {
+        url: redact(url),
+        source: first_err.expect("at least one seed was tried"),
+    })
+}
+
+async fn connect_info(info: ConnectionInfo) -> Result<MultiplexedConnection, redis::RedisError> {
+    let client = redis::Client::open(info)?;
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
+
+/// What the seed leads to.
+#[derive(Debug, PartialEq, Eq)]
+enum Topology {
+    /// One Redis.
+    Single,
+    /// A cluster's masters, in the order of the first slot each serves.
+    Cluster(Vec<Master>),
+}
+
+/// A cluster master, as `CLUSTER SLOTS` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Master {
+    host: String,
+    port: u16,
+}
+
+impl std::fmt::Display for Master {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+impl Master {
+    /// The seed's settings (credentials, TLS, timeouts) with this master's address.
+    fn connection_info(&self, seed: &Seed) -> ConnectionInfo {
+        let addr = match seed.info.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: self.host.clone(),
+                port: self.port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(self.host.clone(), self.port),
+        };
+        seed.info.clone().set_addr(addr)
+    }
+}
+
+/// Asks the seed whether it is a cluster node (see the module doc); `seeds`: how many URLs
+/// were given (several must lead to a cluster).
+async fn topology(
+    conn: &mut MultiplexedConnection,
+    seed: &Seed,
+    seeds: usize,
+) -> Result<Topology, SweepError> {
+    let discover_err = |source| SweepError::Discover {
+        node: seed.node.clone(),
+        source,
+    };
+    let slots: Result<Value, redis::RedisError> =
+        redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await;
+    match slots {
+        Ok(reply) => {
+            let masters = masters_from_slots(reply, seed_host(&seed.info)).map_err(discover_err)?;
+            if masters.is_empty() {
+                return Err(SweepError::NoMasters {
+                    node: seed.node.clone(),
+                });
+            }
+            return Ok(Topology::Cluster(masters));
+        }
+        Err(e) if e.to_string().contains("cluster support disabled") => {}
+        Err(e) if e.is_io_error() || e.is_timeout() => return Err(discover_err(e)),
+        // Refused for another reason (ACL, renamed command): ask INFO.
+        Err(e) => {
+            let info: Result<String, redis::RedisError> =
+                redis::cmd("INFO").arg("cluster").query_async(conn).await;
+            match info {
+                Ok(info) if info_says_cluster(&info) => return Err(discover_err(e)),
+                Ok(_) => {}
+                Err(_) if seeds > 1 => return Err(discover_err(e)),
+                // Nothing tells: one URL is one node, as before cluster support.
+                Err(_) => {}
+            }
+        }
+    }
+    if seeds > 1 {
+        return Err(SweepError::NotACluster {
+            node: seed.node.clone(),
+            seeds,
+        });
+    }
+    Ok(Topology::Single)
+}
+
+/// `cluster_enabled:1` in an `INFO cluster` reply.
+fn info_says_cluster(info: &str) -> bool {
+    info.lines().any(|line| line.trim() == "cluster_enabled:1")
+}
+
+/// The host `CLUSTER SLOTS` means by an empty or `?` endpoint: the seed's own.
+fn seed_host(info: &ConnectionInfo) -> &str {
+    match info.addr() {
+        ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. } => host,
+        _ => "127.0.0.1",
+    }
+}
+
+/// The masters in a `CLUSTER SLOTS` reply (`[[first, last, [host, port, …], replicas…],
+/// …]`), each once, in the order of the first slot it serves. An empty or `?` host (the
+/// node does not know its own endpoint) means `seed_host`.
+fn masters_from_slots(reply: Value, seed_host: &str) -> Result<Vec<Master>, redis::RedisError> {
+    let malformed = |what: &str| {
+        redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected CLUSTER SLOTS reply",
+            what.to_string(),
+        ))
+    };
+    let Value::Array(ranges) = reply else {
+        return Err(malformed("not an array"));
+    };
+    let mut served: Vec<(i64, Master)> = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return Err(malformed("a range is not an array"));
+        };
+        let (Some(Value::Int(first)), Some(Value::Array(master))) = (fields.first(), fields.get(2))
+        else {
+            return Err(malformed("a range lacks its first slot or its master"));
+        };
+        let host = match master.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => return Err(malformed("a master lacks its host")),
+        };
+        let port = match master.get(1) {
+            Some(Value::Int(p)) => {
+                u16::try_from(*p).map_err(|_| malformed("a port is out of range"))?
+            }
+            _ => return Err(malformed("a master lacks its port")),
+        };
+        let host = if host.is_empty() || host == "?" {
+            seed_host.to_string()
+        } else {
+            host
+        };
+        served.push((*first, Master { host, port }));
+    }
+    served.sort_by_key(|(first, _)| *first);
+    let mut masters: Vec<Master> = Vec::new();
+    for (_, master) in served {
+        if !masters.contains(&master) {
+            masters.push(master);
+        }
+    }
+    Ok(masters)
 }
 
 /// Waits until `pacer` lets `keys` go; returns the time waited.
@@ -382,23 +753,13 @@ async fn pace(pacer: &mut Option<Pacer>, keys: usize) -> Duration {
     wait
 }
 
-async fn connect(url: &str) -> Result<MultiplexedConnection, SweepError> {
-    let connect_err = |source| SweepError::Connect {
-        url: redact(url),
-        source,
-    };
-    let client = redis::Client::open(url).map_err(connect_err)?;
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(RESPONSE_TIMEOUT));
-    client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .map_err(connect_err)
+/// The URL with any `user:password@` replaced by `***@`, fit for an error message; each
+/// URL of a comma-separated list (a cluster's seeds) is redacted.
+pub(crate) fn redact(url: &str) -> String {
+    url.split(',').map(redact_one).collect::<Vec<_>>().join(",")
 }
 
-/// The URL with any `user:password@` replaced by `***@`, fit for an error message.
-pub(crate) fn redact(url: &str) -> String {
+fn redact_one(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (Some(scheme), rest),
         None => (None, url),
@@ -553,6 +914,8 @@ mod tests {
             removed: 1_200,
             batches: 3,
             dry_run: false,
+            nodes: 1,
+            cluster: false,
             elapsed: Duration::from_millis(2_440),
             throttled: Duration::ZERO,
         };
@@ -571,6 +934,22 @@ mod tests {
             "dry run: keys under lt:x: scanned 1201, would remove 1201 in 2.4 s \
              (2.0 s waiting for the rate)"
         );
+        let cluster = SweepReport {
+            nodes: 3,
+            cluster: true,
+            ..dry
+        };
+        assert_eq!(
+            cluster.summary("lt"),
+            "dry run: keys under lt: scanned 1201, would remove 1201 in 2.4 s \
+             on 3 cluster masters (2.0 s waiting for the rate)"
+        );
+        let one = SweepReport {
+            nodes: 1,
+            throttled: Duration::ZERO,
+            ..cluster
+        };
+        assert!(one.summary("lt").ends_with(" on 1 cluster master"));
     }
 
     #[test]
@@ -579,6 +958,8 @@ mod tests {
             batches: 4,
             matched: 2_000,
             removed: 1_500,
+            node: 1,
+            nodes: 1,
         };
         assert_eq!(
             p.message(false, Duration::from_secs(2)),
@@ -588,6 +969,110 @@ mod tests {
             p.message(true, Duration::from_secs(4)),
             "scanned 2000, would remove 2000 (500 keys/s)"
         );
+        let p = SweepProgress {
+            node: 2,
+            nodes: 3,
+            ..p
+        };
+        assert_eq!(
+            p.message(false, Duration::from_secs(2)),
+            "scanned 2000, removed 1500 (750 keys/s), master 2 of 3"
+        );
+    }
+
+    #[test]
+    fn key_slots_follow_the_hash_tag_rule() {
+        // The CRC16/XMODEM check value, and CLUSTER KEYSLOT's documented examples.
+        assert_eq!(key_slot(b"123456789"), 0x31c3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        // An empty tag hashes the whole key; only the first `{...}` counts.
+        assert_eq!(key_slot(b"a{}b"), crate::keys::slot("a{}b"));
+        assert_eq!(key_slot(b"{a}{b}"), key_slot(b"a"));
+        assert_eq!(key_slot(b"x{a"), crate::keys::slot("x{a"));
+        for key in [
+            "lt:coupon_claim:{uid:10086}",
+            "lt:{coupon_claim}:all",
+            "lt:trust-points:{uid:1}",
+            "plain",
+        ] {
+            assert_eq!(key_slot(key.as_bytes()), crate::keys::slot(key), "{key}");
+        }
+        // Key names need not be UTF-8.
+        assert_eq!(key_slot(b"lt:\xff{t}"), key_slot(b"t"));
+    }
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn range(first: i64, last: i64, host: &str, port: i64, replica_port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(first),
+            Value::Int(last),
+            Value::Array(vec![bulk(host), Value::Int(port), bulk("id")]),
+            Value::Array(vec![bulk(host), Value::Int(replica_port), bulk("id2")]),
+        ])
+    }
+
+    #[test]
+    fn cluster_slots_name_each_master_once_in_slot_order() {
+        let reply = Value::Array(vec![
+            range(10_923, 16_383, "10.0.0.3", 7003, 7006),
+            range(0, 5_460, "10.0.0.1", 7001, 7004),
+            range(5_461, 10_922, "", 7002, 7005),
+            // A master serving two ranges.
+            range(5_000, 5_000, "10.0.0.1", 7001, 7004),
+        ]);
+        let masters = masters_from_slots(reply, "seed.example").expect("parsed");
+        let names: Vec<String> = masters.iter().map(Master::to_string).collect();
+        assert_eq!(
+            names,
+            ["10.0.0.1:7001", "seed.example:7002", "10.0.0.3:7003"]
+        );
+        assert_eq!(
+            masters_from_slots(Value::Array(vec![]), "h").expect("empty"),
+            []
+        );
+        assert!(masters_from_slots(Value::Int(1), "h").is_err());
+        assert!(masters_from_slots(Value::Array(vec![Value::Array(vec![])]), "h").is_err());
+    }
+
+    #[test]
+    fn a_master_keeps_the_seed_credentials() {
+        let info = "redis://sweeper:pw@seed:7000/"
+            .into_connection_info()
+            .expect("url");
+        let seed = Seed {
+            node: info.addr().to_string(),
+            info,
+        };
+        let master = Master {
+            host: "10.0.0.2".into(),
+            port: 7002,
+        };
+        let info = master.connection_info(&seed);
+        assert!(matches!(info.addr(), ConnectionAddr::Tcp(_, 7002)));
+        assert_eq!(info.addr().to_string(), "10.0.0.2:7002");
+        assert_eq!(info.redis_settings().username(), Some("sweeper"));
+        assert_eq!(info.redis_settings().password(), Some("pw"));
+    }
+
+    #[test]
+    fn seeds_are_split_on_commas_and_trimmed() {
+        assert_eq!(seed_urls("redis://a:1"), ["redis://a:1"]);
+        assert_eq!(
+            seed_urls(" redis://a:1, redis://b:2 ,,"),
+            ["redis://a:1", "redis://b:2"]
+        );
+        assert!(seed_urls(" , ").is_empty());
+    }
+
+    #[test]
+    fn info_cluster_says_whether_cluster_mode_is_on() {
+        assert!(info_says_cluster("# Cluster\r\ncluster_enabled:1\r\n"));
+        assert!(!info_says_cluster("# Cluster\r\ncluster_enabled:0\r\n"));
+        assert!(!info_says_cluster(""));
     }
 
     #[test]
@@ -636,5 +1121,10 @@ mod tests {
         );
         assert_eq!(redact("redis://127.0.0.1:6400"), "redis://127.0.0.1:6400");
         assert_eq!(redact("redis://h/0?x=a@b"), "redis://h/0?x=a@b");
+        // A cluster's seed list: every URL's password.
+        assert_eq!(
+            redact("redis://:a@h1:7001,redis://u:b@h2:7002,redis://h3:7003"),
+            "redis://***@h1:7001,redis://***@h2:7002,redis://h3:7003"
+        );
     }
 }

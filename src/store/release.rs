@@ -4,7 +4,8 @@
 //! A cluster check runs one script per slot group at once; each group reserves (records
 //! the request) only when none of its own limits is full. When another group says no, or
 //! fails, the reservations of the groups that said yes are released here: a bounded queue,
-//! drained by one task, each release retried a few times with a growing pause. A release
+//! drained up to [`IN_FLIGHT`] releases at a time, each retried a few times with a growing
+//! pause. A release
 //! is idempotent (`lua/release.lua` finds the reservation's record or does nothing), so a
 //! retry after a lost reply is harmless. A release that is dropped (the queue full, every
 //! retry failed) leaves a unit held until its window passes: the limit admits less, never
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Script;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 
 use super::redis::{record_tag, RELEASE_LUA};
 use super::redis_link::RedisLink;
@@ -24,6 +25,9 @@ use crate::rules::Algorithm;
 
 /// Releases waiting at most; past it a release is dropped (under-admission only).
 pub const QUEUE: usize = 16_384;
+/// Releases running at once (each one EVALSHA on its group's master, pipelined on the
+/// cluster connection).
+pub const IN_FLIGHT: usize = 256;
 /// Tries per release.
 const TRIES: u32 = 5;
 /// The pause after the first failed try; doubled after each.
@@ -72,18 +76,34 @@ impl Releaser {
         let (dropped_by_task, done_by_task) = (dropped.clone(), done.clone());
         let task_metrics = metrics.clone();
         let script = Script::new(RELEASE_LUA);
+        let script = Arc::new(script);
         tokio::spawn(async move {
+            // Up to IN_FLIGHT releases at once: one at a time, a release per round trip,
+            // fell behind a few thousand denies a second (benches/cluster.py).
+            let slots = Arc::new(Semaphore::new(IN_FLIGHT));
             while let Some(release) = rx.recv().await {
-                let result = run(&link, &script, &release).await;
-                if result.is_some() {
-                    done_by_task.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    dropped_by_task.fetch_add(1, Ordering::Relaxed);
-                }
-                task_metrics.cluster_release(match result {
-                    Some(true) => "released",
-                    Some(false) => "none",
-                    None => "dropped",
+                let Ok(permit) = slots.clone().acquire_owned().await else {
+                    break;
+                };
+                let (link, script) = (link.clone(), script.clone());
+                let (done, dropped, metrics) = (
+                    done_by_task.clone(),
+                    dropped_by_task.clone(),
+                    task_metrics.clone(),
+                );
+                tokio::spawn(async move {
+                    let result = run(&link, &script, &release).await;
+                    if result.is_some() {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        dropped.fetch_add(1, Ordering::Relaxed);
+                    }
+                    metrics.cluster_release(match result {
+                        Some(true) => "released",
+                        Some(false) => "none",
+                        None => "dropped",
+                    });
+                    drop(permit);
                 });
             }
         });

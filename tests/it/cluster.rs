@@ -127,6 +127,28 @@ fn claim(i: usize) -> Value {
     })
 }
 
+/// 256 claims at once, spread over `nodes`: how many were allowed. Every answer is an
+/// allow or a deny (the device limit is a security one: its denies are silent, 200).
+async fn burst(nodes: &[Node]) -> u64 {
+    let bodies: Vec<Value> = (0..256).map(claim).collect();
+    let answers = futures::future::join_all(
+        bodies
+            .iter()
+            .enumerate()
+            .map(|(i, b)| nodes[i % nodes.len()].check(b)),
+    )
+    .await;
+    let mut admitted = 0;
+    for (status, body) in &answers {
+        match (status, body["decision"].as_str()) {
+            (200, Some("allow")) => admitted += 1,
+            (200, Some("silent_deny")) | (429, Some("friendly_deny")) => {}
+            other => panic!("a check answered {other:?}: {body}"),
+        }
+    }
+    admitted
+}
+
 /// What the cluster holds of the burst: the device window's count and the members of
 /// every user's window.
 fn held(cluster: &RedisCluster) -> (u64, u64) {
@@ -162,23 +184,7 @@ async fn three_nodes_on_a_cluster_never_admit_past_a_limit_and_give_back_what_de
                 .expect("vigia starts on the cluster"),
         );
     }
-    let bodies: Vec<Value> = (0..256).map(claim).collect();
-    let answers = futures::future::join_all(
-        bodies
-            .iter()
-            .enumerate()
-            .map(|(i, b)| nodes[i % 3].check(b)),
-    )
-    .await;
-    // The device limit is a security one: its denies are silent (200, nothing granted).
-    let mut admitted = 0;
-    for (status, body) in &answers {
-        match (status, body["decision"].as_str()) {
-            (200, Some("allow")) => admitted += 1,
-            (200, Some("silent_deny")) | (429, Some("friendly_deny")) => {}
-            other => panic!("a check answered {other:?}: {body}"),
-        }
-    }
+    let admitted = burst(&nodes).await;
     assert!(admitted <= 10, "{admitted} admitted past the device's 10");
 
     // The denied checks' reservations go back off the answers' path: wait (bounded) until
@@ -213,7 +219,7 @@ async fn three_nodes_on_a_cluster_never_admit_past_a_limit_and_give_back_what_de
         );
     }
     // Every denied check held something somewhere (the ip bucket has room for all).
-    assert!(released >= 256 - admitted as u64, "{released} released");
+    assert!(released >= 256 - admitted, "{released} released");
     // One by one, the same traffic admits exactly the rest.
     let mut more = 0;
     for i in 256..320 {
@@ -589,23 +595,7 @@ async fn three_nodes_on_one_redis_admit_exactly_the_limit_under_a_burst() {
                 .expect("vigia starts on Redis"),
         );
     }
-    let bodies: Vec<Value> = (0..256).map(claim).collect();
-    let answers = futures::future::join_all(
-        bodies
-            .iter()
-            .enumerate()
-            .map(|(i, b)| nodes[i % 3].check(b)),
-    )
-    .await;
-    let admitted = answers
-        .iter()
-        .filter(|(_, body)| body["decision"] == "allow")
-        .count();
-    assert!(
-        answers.iter().all(|(s, _)| *s == 200 || *s == 429),
-        "an error answer: {answers:?}"
-    );
-    assert_eq!(admitted, 10);
+    assert_eq!(burst(&nodes).await, 10);
     let mut conn = redis.conn();
     let device: u64 = redis::cmd("HGET")
         .arg("lt:s:fw:device_1m:did:device-0001")

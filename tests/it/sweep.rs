@@ -1,12 +1,14 @@
 //! `vigia keys sweep`: SCAN + UNLINK in batches, never KEYS, literal prefix (library);
-//! `--rate` and the Redis and prefix taken from the config (command line).
+//! `--rate` and the Redis and prefix taken from the config (command line); on a Redis
+//! Cluster, every master (library and command line).
 
 use std::num::NonZeroU32;
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use vigia::sweep::{sweep, SweepError, SweepOptions, SweepProgress};
 
-use crate::common::{free_port, RedisServer};
+use crate::common::{free_port, RedisCluster, RedisServer};
 
 const N: usize = 10_000;
 
@@ -582,4 +584,327 @@ fn a_missing_config_without_the_flags_is_an_error_naming_the_file() {
     assert!(err.contains("--prefix not given"), "{err}");
     assert!(err.contains(missing), "{err}");
     assert_eq!(count(&mut conn, "lt"), 5);
+}
+
+// ---- Redis Cluster ----
+
+/// Keys under `lt` on a cluster, as the service tags them: per entity
+/// (`lt:coupon_claim:{uid:I}`, `lt:trust-points:{uid:I}`) and per scene
+/// (`lt:{sceneI}:all`), so they spread over every master.
+const CLUSTER_LT: usize = 300;
+/// Keys under `keep`, and bystanders `ltx:{uid:I}`, that a sweep of `lt` must leave.
+const CLUSTER_KEEP: usize = 30;
+
+fn fill_cluster(cluster: &RedisCluster) {
+    let mut pipe = redis::cluster::cluster_pipe();
+    for i in 0..CLUSTER_LT {
+        let key = match i % 3 {
+            0 => format!("lt:coupon_claim:{{uid:{i}}}"),
+            1 => format!("lt:trust-points:{{uid:{i}}}"),
+            _ => format!("lt:{{scene{i}}}:all"),
+        };
+        pipe.cmd("SET").arg(key).arg(i).ignore();
+    }
+    for i in 0..CLUSTER_KEEP {
+        pipe.cmd("SET")
+            .arg(format!("keep:{{uid:{i}}}"))
+            .arg(i)
+            .ignore();
+        pipe.cmd("SET")
+            .arg(format!("ltx:{{uid:{i}}}"))
+            .arg(i)
+            .ignore();
+    }
+    pipe.query::<()>(&mut cluster.conn())
+        .expect("fill the cluster");
+}
+
+/// Keys `PREFIX:*` on each master (SCAN on the node itself), in `cluster.masters()` order.
+fn per_master(cluster: &RedisCluster, prefix: &str) -> Vec<usize> {
+    cluster
+        .masters()
+        .into_iter()
+        .map(|i| count(&mut cluster.nodes[i].conn(), prefix))
+        .collect()
+}
+
+/// Checks the fill really spread over the three masters.
+fn assert_spread(cluster: &RedisCluster) {
+    let masters = cluster.masters();
+    assert_eq!(masters.len(), 3, "masters {masters:?}");
+    for &i in &masters {
+        assert!(
+            dbsize(&mut cluster.nodes[i].conn()) > 0,
+            "master {i} holds no key"
+        );
+    }
+    let lt = per_master(cluster, "lt");
+    assert!(lt.iter().all(|&n| n > 0), "lt keys per master: {lt:?}");
+    assert_eq!(lt.iter().sum::<usize>(), CLUSTER_LT);
+}
+
+/// What was left of the bystanders: `keep:*` and `ltx:*` over all masters.
+fn bystanders(cluster: &RedisCluster) -> (usize, usize) {
+    (
+        per_master(cluster, "keep").iter().sum(),
+        per_master(cluster, "ltx").iter().sum(),
+    )
+}
+
+/// A command's calls summed over every node of the cluster.
+fn cluster_calls(cluster: &RedisCluster, command: &str) -> u64 {
+    (0..cluster.nodes.len())
+        .map(|i| calls(cluster, i, command))
+        .sum()
+}
+
+/// A command's calls on node `i` (the tests' own SCANs, e.g. [`per_master`], included).
+fn calls(cluster: &RedisCluster, i: usize, command: &str) -> u64 {
+    cluster.nodes[i]
+        .command_calls()
+        .get(command)
+        .copied()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_cluster_sweep_scans_and_unlinks_on_every_master() {
+    let cluster = RedisCluster::start();
+    fill_cluster(&cluster);
+    assert_spread(&cluster);
+
+    let scans_before: Vec<u64> = (0..cluster.nodes.len())
+        .map(|i| calls(&cluster, i, "scan"))
+        .collect();
+    let mut seen: Vec<SweepProgress> = Vec::new();
+    let opts = SweepOptions {
+        batch: 40,
+        ..SweepOptions::new("lt")
+    };
+    let report = sweep(&cluster.urls(), &opts, |p| seen.push(*p))
+        .await
+        .expect("cluster sweep");
+
+    assert!(report.cluster);
+    assert_eq!(report.nodes, 3);
+    assert_eq!(report.removed, CLUSTER_LT as u64);
+    assert!(report.matched >= CLUSTER_LT as u64, "{report:?}");
+
+    // The sweep's SCANs went to the masters only, each master scanned, one per batch;
+    // each master unlinked; never KEYS nor DEL anywhere.
+    let masters = cluster.masters();
+    let scanned: Vec<u64> = (0..cluster.nodes.len())
+        .map(|i| calls(&cluster, i, "scan") - scans_before[i])
+        .collect();
+    for (i, &n) in scanned.iter().enumerate() {
+        assert_eq!(n > 0, masters.contains(&i), "SCANs per node: {scanned:?}");
+    }
+    assert_eq!(scanned.iter().sum::<u64>(), report.batches);
+    for &i in &masters {
+        assert!(calls(&cluster, i, "unlink") > 0, "no UNLINK on master {i}");
+    }
+    assert_eq!(cluster_calls(&cluster, "keys"), 0);
+    assert_eq!(cluster_calls(&cluster, "del"), 0);
+
+    assert_eq!(per_master(&cluster, "lt"), [0, 0, 0]);
+    assert_eq!(bystanders(&cluster), (CLUSTER_KEEP, CLUSTER_KEEP));
+
+    // Progress runs across the masters, in order, and ends at the report.
+    assert_eq!(seen.len() as u64, report.batches);
+    let last = seen.last().expect("progress reported");
+    assert_eq!(
+        (last.matched, last.removed, last.batches),
+        (report.matched, report.removed, report.batches)
+    );
+    assert!(seen.iter().all(|p| p.nodes == 3));
+    let mut nodes: Vec<usize> = seen.iter().map(|p| p.node).collect();
+    assert!(nodes.windows(2).all(|w| w[0] <= w[1]), "{nodes:?}");
+    nodes.dedup();
+    assert_eq!(nodes, [1, 2, 3]);
+    for pair in seen.windows(2) {
+        assert!(pair[1].matched >= pair[0].matched);
+        assert!(pair[1].removed >= pair[0].removed);
+    }
+}
+
+#[tokio::test]
+async fn a_cluster_dry_run_counts_every_master_and_removes_nothing() {
+    let cluster = RedisCluster::start();
+    fill_cluster(&cluster);
+    assert_spread(&cluster);
+
+    let opts = SweepOptions {
+        dry_run: true,
+        ..SweepOptions::new("lt")
+    };
+    let report = sweep(&cluster.urls(), &opts, |_| {})
+        .await
+        .expect("dry run");
+
+    assert!(report.dry_run);
+    assert!(report.cluster);
+    // Nothing changes during this scan, so SCAN returns no duplicates here.
+    assert_eq!(report.matched, CLUSTER_LT as u64);
+    assert_eq!(report.removed, 0);
+    assert_eq!(per_master(&cluster, "lt").iter().sum::<usize>(), CLUSTER_LT);
+
+    // The command line, the cluster from the config.
+    let (_dir, config) = config_file(&format!(
+        "backend = \"redis_cluster\"\nredis_url = \"{}\"\nkey_prefix = \"lt\"",
+        cluster.urls()
+    ));
+    let out = vigia(&["--config", &config, "keys", "sweep", "--dry-run"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stdout(&out);
+    assert!(
+        said.starts_with(&format!(
+            "dry run: keys under lt: scanned {CLUSTER_LT}, would remove {CLUSTER_LT} in "
+        )),
+        "{said}"
+    );
+    assert!(said.contains(" on 3 cluster masters"), "{said}");
+
+    assert_eq!(per_master(&cluster, "lt").iter().sum::<usize>(), CLUSTER_LT);
+    assert_eq!(bystanders(&cluster), (CLUSTER_KEEP, CLUSTER_KEEP));
+    assert_eq!(cluster_calls(&cluster, "unlink"), 0);
+    assert_eq!(cluster_calls(&cluster, "keys"), 0);
+}
+
+#[test]
+fn the_cli_sweeps_every_master_of_the_configured_cluster() {
+    let cluster = RedisCluster::start();
+    fill_cluster(&cluster);
+    assert_spread(&cluster);
+    let (_dir, config) = config_file(&format!(
+        "backend = \"redis_cluster\"\nredis_url = \"{}\"\nkey_prefix = \"lt\"",
+        cluster.urls()
+    ));
+
+    let out = vigia(&["--config", &config, "keys", "sweep", "--batch", "25"]);
+
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stdout(&out);
+    assert!(
+        said.starts_with(&format!(
+            "done: keys under lt: scanned {CLUSTER_LT}, removed {CLUSTER_LT} in "
+        )),
+        "{said}"
+    );
+    assert!(said.contains(" on 3 cluster masters"), "{said}");
+    assert_eq!(per_master(&cluster, "lt"), [0, 0, 0]);
+    assert_eq!(bystanders(&cluster), (CLUSTER_KEEP, CLUSTER_KEEP));
+    assert_eq!(cluster_calls(&cluster, "keys"), 0);
+}
+
+#[tokio::test]
+async fn any_one_reachable_seed_even_a_replica_leads_to_every_master() {
+    let cluster = RedisCluster::start();
+    fill_cluster(&cluster);
+    assert_spread(&cluster);
+    let masters = cluster.masters();
+    let replica = (0..cluster.nodes.len())
+        .find(|i| !masters.contains(i))
+        .expect("a replica");
+
+    // A dead seed first: the next one answers. One URL, a replica's: still a cluster.
+    let seeds = format!("{},{}", dead_url(), cluster.nodes[replica].url());
+    let report = sweep(&seeds, &SweepOptions::new("lt:coupon_claim"), |_| {})
+        .await
+        .expect("sweep through a replica");
+
+    assert!(report.cluster);
+    assert_eq!(report.nodes, 3);
+    assert_eq!(report.removed, CLUSTER_LT.div_ceil(3) as u64);
+    assert_eq!(per_master(&cluster, "lt:coupon_claim"), [0, 0, 0]);
+    assert_eq!(
+        per_master(&cluster, "lt").iter().sum::<usize>(),
+        CLUSTER_LT - CLUSTER_LT.div_ceil(3)
+    );
+
+    let replica_scans = |cluster: &RedisCluster| -> u64 {
+        (0..cluster.nodes.len())
+            .filter(|i| !masters.contains(i))
+            .map(|i| calls(cluster, i, "scan"))
+            .sum()
+    };
+    let replica_scans_before = replica_scans(&cluster);
+    let report = sweep(
+        &cluster.nodes[replica].url(),
+        &SweepOptions::new("lt"),
+        |_| {},
+    )
+    .await
+    .expect("sweep from one replica URL");
+    assert!(report.cluster);
+    assert_eq!(per_master(&cluster, "lt"), [0, 0, 0]);
+    assert_eq!(bystanders(&cluster), (CLUSTER_KEEP, CLUSTER_KEEP));
+    // Replicas are not scanned: they follow their masters.
+    assert_eq!(replica_scans(&cluster), replica_scans_before);
+}
+
+#[tokio::test]
+async fn a_rate_is_one_budget_for_the_whole_cluster() {
+    let cluster = RedisCluster::start();
+    fill_cluster(&cluster);
+    assert_spread(&cluster);
+
+    // 300 keys at 200/s over three masters of about 100 each: a rate per master would
+    // never wait; one for the cluster waits at least (300 - 200) / 200 s before the last
+    // UNLINK (none carries more than 200 keys).
+    let opts = SweepOptions {
+        rate: NonZeroU32::new(200),
+        ..SweepOptions::new("lt")
+    };
+    let report = sweep(&cluster.urls(), &opts, |_| {})
+        .await
+        .expect("rated cluster sweep");
+
+    assert_eq!(report.removed, CLUSTER_LT as u64);
+    assert!(
+        report.throttled >= Duration::from_millis(500),
+        "waited only {:?} for the rate",
+        report.throttled
+    );
+    assert!(report.elapsed >= report.throttled);
+    assert_eq!(per_master(&cluster, "lt"), [0, 0, 0]);
+}
+
+#[tokio::test]
+async fn several_urls_of_a_single_redis_are_refused_naming_the_node() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    fill(&mut conn, "lt", 20);
+
+    let urls = format!("{},{}", server.url(), server.url());
+    let err = sweep(&urls, &SweepOptions::new("lt"), |_| {})
+        .await
+        .expect_err("not a cluster");
+
+    assert!(
+        matches!(err, SweepError::NotACluster { seeds: 2, .. }),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("127.0.0.1:{}", server.port)), "{msg}");
+    let calls = server.command_calls();
+    assert_eq!(calls.get("scan").copied().unwrap_or(0), 0, "{calls:?}");
+    assert_eq!(count(&mut conn, "lt"), 20);
+}
+
+#[tokio::test]
+async fn no_reachable_seed_is_a_connect_error_hiding_every_password() {
+    let urls = format!(
+        "redis://:first@127.0.0.1:{},redis://:second@127.0.0.1:{}",
+        free_port(),
+        free_port()
+    );
+    let err = sweep(&urls, &SweepOptions::new("lt"), |_| {})
+        .await
+        .expect_err("no seed answers");
+    assert!(matches!(err, SweepError::Connect { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        !msg.contains("first") && !msg.contains("second"),
+        "password leaked: {msg}"
+    );
 }
