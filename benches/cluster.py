@@ -74,6 +74,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# The helpers both benchmarks share, from the one-run load benchmark beside this file.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from load import BenchError, cpu_ticks, free_port, median, tail, to_ms, wait_port  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 HZ = os.sysconf("SC_CLK_TCK")
 ROWS = ["redis", "cluster"]
@@ -84,9 +88,6 @@ TOOLS = {"wrk": "wrk", "redis-server": "redis-server", "redis-cli": "redis-tools
 PROBE = (b'{"scene":"coupon_claim","user_id":"bench-probe","device_id":"dev-bench-probe",'
          b'"ip":"192.0.2.1"}')
 
-
-class BenchError(Exception):
-    """A setup step failed; the message says which and why."""
 
 
 @dataclass
@@ -136,11 +137,6 @@ def port_free(port: int) -> bool:
     return True
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def free_cluster_ports(n: int) -> list[int]:
     """n ports p, each with p + 10000 (its cluster bus) free too; never 6379."""
@@ -155,33 +151,6 @@ def free_cluster_ports(n: int) -> list[int]:
                 return ports
     raise BenchError(f"found no {n} free ports p with p + 10000 free in 20000-29999")
 
-
-def wait_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise BenchError(f"{what} exited ({proc.returncode}) before listening; {tail(log)}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise BenchError(f"{what} never opened port {port} within {timeout_s:.0f} s; {tail(log)}")
-
-
-def tail(log: Path) -> str:
-    try:
-        lines = log.read_text(errors="replace").splitlines()[-8:]
-    except OSError:
-        return "no log"
-    return f"last lines of {log}:\n  " + "\n  ".join(lines)
-
-
-def cpu_ticks(pid: int) -> int:
-    # Fields after the command name (which may hold spaces): utime is the 14th field.
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    rest = stat[stat.rindex(")") + 2 :].split()
-    return int(rest[11]) + int(rest[12])
 
 
 def tree(pid: int) -> list[int]:
@@ -427,12 +396,6 @@ def label(labels: str, name: str) -> str:
     return m.group(1) if m else "?"
 
 
-def to_ms(text: str) -> float:
-    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
-    if not m:
-        raise BenchError(f"unreadable wrk latency {text!r}")
-    return float(m.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[m.group(2)]
-
 
 def wrk(port: int, threads: int, conns: int, dur: float, log: Path) -> tuple[str, float]:
     """Runs wrk with benches/wrk/cluster.lua; returns its output and the CPU seconds it used."""
@@ -565,11 +528,6 @@ class Bench:
 
 # ---------------------------------------------------------------- report
 
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def med(rows: list[Row], f) -> float:
