@@ -256,8 +256,17 @@ pub fn hash_tag(key: &str) -> Option<&str> {
 /// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole key without
 /// one, modulo 16384 (as `CLUSTER KEYSLOT`).
 pub fn slot(key: &str) -> u16 {
-    let hashed = hash_tag(key).unwrap_or(key);
-    crc16::State::<crc16::XMODEM>::calculate(hashed.as_bytes()) % 16384
+    slot_of(key.as_bytes())
+}
+
+/// [`slot`] of a key name that need not be UTF-8 (what `SCAN` returns).
+pub fn slot_of(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let len = rest.iter().position(|&b| b == b'}')?;
+        (len > 0).then(|| &rest[..len])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16384
 }
 
 /// On a cluster, where a slot group tagged `tag` keeps its reservations: the records key
@@ -596,6 +605,14 @@ mod tests {
         // CLUSTER KEYSLOT's own examples (the cluster spec).
         assert_eq!(slot("foo"), 12182);
         assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("{user1000}.following"), slot("user1000"));
+        // An empty tag hashes the whole key; only the first `{...}` counts; an unclosed
+        // brace is no tag.
+        assert_ne!(slot("a{}b"), slot(""));
+        assert_eq!(slot("{a}{b}"), slot("a"));
+        assert_ne!(slot("x{a"), slot("a"));
+        // Key names need not be UTF-8.
+        assert_eq!(slot_of(b"lt:\xff{t}"), slot("t"));
         assert_eq!(slot("123456789"), 0x31C3); // CRC16-XMODEM check value, below 16384
         let rq = "lt:coupon_claim:rq:{uid:10086}";
         assert_eq!(

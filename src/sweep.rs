@@ -512,7 +512,10 @@ async fn unlink_by_slot(
 ) -> Result<u64, redis::RedisError> {
     let mut groups: BTreeMap<u16, Vec<&Vec<u8>>> = BTreeMap::new();
     for key in keys {
-        groups.entry(key_slot(key)).or_default().push(key);
+        groups
+            .entry(crate::keys::slot_of(key))
+            .or_default()
+            .push(key);
     }
     let mut pipe = redis::pipe();
     for group in groups.values() {
@@ -520,18 +523,6 @@ async fn unlink_by_slot(
     }
     let removed: Vec<u64> = pipe.query_async(conn).await?;
     Ok(removed.iter().sum())
-}
-
-/// The cluster slot of `key`, as `CLUSTER KEYSLOT` computes it: CRC16 (XMODEM) of the
-/// hash tag (the bytes between the first `{` and the next `}`, when not empty), or of the
-/// whole key, modulo 16384. The bytes twin of [`crate::keys::slot`].
-fn key_slot(key: &[u8]) -> u16 {
-    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &key[open + 1..];
-        let len = rest.iter().position(|&b| b == b'}')?;
-        (len > 0).then(|| &rest[..len])
-    });
-    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16384
 }
 
 /// The URLs in `url`: comma-separated, trimmed, empty ones dropped.
@@ -978,28 +969,6 @@ mod tests {
             p.message(false, Duration::from_secs(2)),
             "scanned 2000, removed 1500 (750 keys/s), master 2 of 3"
         );
-    }
-
-    #[test]
-    fn key_slots_follow_the_hash_tag_rule() {
-        // The CRC16/XMODEM check value, and CLUSTER KEYSLOT's documented examples.
-        assert_eq!(key_slot(b"123456789"), 0x31c3);
-        assert_eq!(key_slot(b"foo"), 12182);
-        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
-        // An empty tag hashes the whole key; only the first `{...}` counts.
-        assert_eq!(key_slot(b"a{}b"), crate::keys::slot("a{}b"));
-        assert_eq!(key_slot(b"{a}{b}"), key_slot(b"a"));
-        assert_eq!(key_slot(b"x{a"), crate::keys::slot("x{a"));
-        for key in [
-            "lt:coupon_claim:{uid:10086}",
-            "lt:{coupon_claim}:all",
-            "lt:trust-points:{uid:1}",
-            "plain",
-        ] {
-            assert_eq!(key_slot(key.as_bytes()), crate::keys::slot(key), "{key}");
-        }
-        // Key names need not be UTF-8.
-        assert_eq!(key_slot(b"lt:\xff{t}"), key_slot(b"t"));
     }
 
     fn bulk(s: &str) -> Value {
