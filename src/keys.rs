@@ -284,6 +284,49 @@ pub fn group_records_key(records_key: &str, tag: &str) -> Option<String> {
     })
 }
 
+/// Keys of one cluster slot among a check's (or a refund's), and where that group keeps
+/// its records ([`slot_groups`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotGroup {
+    pub slot: u16,
+    /// The check's records key for the main group, else [`group_records_key`].
+    pub records_key: String,
+    /// The group of the records key's slot (the check's first entity).
+    pub main: bool,
+    /// Positions, in the keys given, of the keys in this slot.
+    pub members: Vec<usize>,
+}
+
+/// `keys` grouped by cluster slot, the main group (`records_key`'s slot) first and always
+/// present (it holds the request's record even when no key is in its slot). Errs with a
+/// key that has no hash tag: a cluster's keys are placed by entity ([`KeyPrefix::tagged`]).
+pub fn slot_groups<'k>(
+    records_key: &str,
+    keys: impl Iterator<Item = &'k str>,
+) -> Result<Vec<SlotGroup>, String> {
+    let mut groups = vec![SlotGroup {
+        slot: slot(records_key),
+        records_key: records_key.to_string(),
+        main: true,
+        members: Vec::new(),
+    }];
+    for (i, key) in keys.enumerate() {
+        let s = slot(key);
+        match groups.iter_mut().find(|g| g.slot == s) {
+            Some(g) => g.members.push(i),
+            None => groups.push(SlotGroup {
+                slot: s,
+                records_key: hash_tag(key)
+                    .and_then(|tag| group_records_key(records_key, tag))
+                    .ok_or_else(|| format!("{key} has no hash tag"))?,
+                main: false,
+                members: vec![i],
+            }),
+        }
+    }
+    Ok(groups)
+}
+
 /// The value `encode_into` made `segment` from (it is injective, so this inverts it).
 /// `None` for text it could not have made.
 pub fn decode_segment(segment: &str) -> Option<String> {

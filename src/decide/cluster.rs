@@ -30,10 +30,10 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use redis::Script;
 
-use super::redis::{applies_without_trust, limits_judged, limits_only};
+use super::redis::{applies_without_trust, limits_judged, limits_only, script_now};
 use super::{CheckPlan, Decided, Decider};
 use crate::clock::Clock;
-use crate::keys::{group_records_key, hash_tag, slot};
+use crate::keys::{slot_groups, SlotGroup};
 use crate::metrics::Metrics;
 use crate::store::limits_script::LimitScripts;
 use crate::store::redis::{
@@ -61,14 +61,9 @@ impl std::fmt::Debug for ClusterDecider {
     }
 }
 
-/// One slot group of a check: the limits (plan indices) whose keys hash to its slot.
-#[derive(Debug, Clone, PartialEq)]
+/// One slot group of a check: its limits (plan indices) and where it keeps its records.
 struct Group {
-    slot: u16,
-    /// Where the group keeps its reservations: the check's records key for the main group.
-    records_key: String,
-    /// The group of the check's first entity: repeats and the idempotency record.
-    main: bool,
+    place: SlotGroup,
     limits: Vec<usize>,
 }
 
@@ -85,7 +80,7 @@ impl ClusterDecider {
         let release = Script::new(RELEASE_LUA);
         link.load_scripts(&[shaped.check_lua(), &release], startup_ms)
             .await?;
-        let releaser = Releaser::start(link.clone(), metrics);
+        let releaser = Releaser::start(link.clone(), release, metrics);
         Ok(ClusterDecider {
             link,
             shaped,
@@ -94,22 +89,10 @@ impl ClusterDecider {
         })
     }
 
-    /// The release queue (its counters, for tests and metrics).
-    pub fn releaser(&self) -> &Releaser {
-        &self.releaser
-    }
-
-    fn now_arg(&self) -> Option<u64> {
-        match &self.clock {
-            Some(clock) if !clock.is_wall() => Some(clock.now_ms()),
-            _ => None,
-        }
-    }
-
     /// Queues the release of `group`'s reservation.
     fn release(&self, plan: &CheckPlan, group: &Group, now: Option<u64>, stamp: u64) {
         self.releaser.release(Release {
-            records_key: group.records_key.clone(),
+            records_key: group.place.records_key.clone(),
             keys: group
                 .limits
                 .iter()
@@ -120,7 +103,7 @@ impl ClusterDecider {
             idempotency_field: plan
                 .idempotency_key
                 .as_deref()
-                .filter(|_| group.main)
+                .filter(|_| group.place.main)
                 .map(idempotency_field),
             now,
             stamp,
@@ -128,38 +111,19 @@ impl ClusterDecider {
     }
 }
 
-/// The slot groups of `plan`'s limits `sent`, the main group (the records key's slot)
-/// first, always present: it answers repeats even when no limit is in its slot.
+/// The slot groups of `plan`'s limits `sent` ([`slot_groups`]: the main group first).
 fn groups(plan: &CheckPlan, sent: &[usize]) -> Result<Vec<Group>, StoreError> {
-    let mut groups = vec![Group {
-        slot: slot(&plan.records_key),
-        records_key: plan.records_key.clone(),
-        main: true,
-        limits: Vec::new(),
-    }];
-    for &j in sent {
-        let key = &plan.limits[j].key;
-        let s = slot(key);
-        match groups.iter_mut().find(|g| g.slot == s) {
-            Some(g) => g.limits.push(j),
-            None => {
-                let records_key = hash_tag(key)
-                    .and_then(|tag| group_records_key(&plan.records_key, tag))
-                    .ok_or_else(|| {
-                        StoreError::Protocol(format!(
-                            "{key} has no hash tag: keys on a cluster must be placed by entity"
-                        ))
-                    })?;
-                groups.push(Group {
-                    slot: s,
-                    records_key,
-                    main: false,
-                    limits: vec![j],
-                });
-            }
-        }
-    }
-    Ok(groups)
+    let keys = sent.iter().map(|&j| plan.limits[j].key.as_str());
+    let groups = slot_groups(&plan.records_key, keys).map_err(|why| {
+        StoreError::Protocol(format!("{why}: keys on a cluster must be placed by entity"))
+    })?;
+    Ok(groups
+        .into_iter()
+        .map(|g| Group {
+            limits: g.members.iter().map(|&i| sent[i]).collect(),
+            place: g,
+        })
+        .collect())
 }
 
 /// A limit's state in a denied answer, from a group that allowed (and counted) it: the
@@ -184,14 +148,14 @@ impl Decider for ClusterDecider {
             .filter(|&j| applies_without_trust(plan.limits[j].filter))
             .collect();
         let groups = groups(plan, &sent)?;
-        let now = self.now_arg();
+        let now = script_now(&self.clock);
         // This attempt's reservations, told apart from another attempt's with the same
         // request id (a retry after an error answer): a release takes only its own.
         let stamp: u64 = rand::random();
         let calls = groups.iter().map(|g| {
             let call = CheckCall {
-                records_key: &g.records_key,
-                idempotency_key: plan.idempotency_key.as_deref().filter(|_| g.main),
+                records_key: &g.place.records_key,
+                idempotency_key: plan.idempotency_key.as_deref().filter(|_| g.place.main),
                 request_id: &plan.request_id,
                 dry_run: plan.dry_run,
                 id_given: plan.id_given,

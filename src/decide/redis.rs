@@ -101,10 +101,7 @@ impl RedisDecider {
 
     /// The script's `now` argument: `None` means "read Redis TIME".
     fn now_arg(&self) -> Option<u64> {
-        match &self.clock {
-            Some(clock) if !clock.is_wall() => Some(clock.now_ms()),
-            _ => None,
-        }
+        script_now(&self.clock)
     }
 }
 
@@ -119,6 +116,15 @@ impl Decider for RedisDecider {
         let cmd = invocation(self.script.get_hash(), plan, self.now_arg());
         let reply = self.link.eval(&self.script, &cmd).await?;
         parse_reply(reply, plan)
+    }
+}
+
+/// A script's `now` from a decider's clock: `None` (read Redis `TIME`) without one or with
+/// the wall clock, the clock's time otherwise (tests, simulations).
+pub(super) fn script_now(clock: &Option<Arc<dyn Clock>>) -> Option<u64> {
+    match clock {
+        Some(clock) if !clock.is_wall() => Some(clock.now_ms()),
+        _ => None,
     }
 }
 

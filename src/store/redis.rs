@@ -317,33 +317,18 @@ impl RedisStore {
     /// record there predates 2026-12: the legacy key is one of the group's slot that
     /// holds nothing. Refunded when any group gave something back.
     async fn refund_groups(&self, op: &RefundOp) -> Result<bool, StoreError> {
-        let mut groups: Vec<(u16, String, Vec<&str>)> = Vec::new();
-        for key in &op.keys {
-            let s = crate::keys::slot(key);
-            match groups.iter_mut().find(|(gs, ..)| *gs == s) {
-                Some((_, _, keys)) => keys.push(key),
-                None => {
-                    let records_key = if s == crate::keys::slot(&op.records_key) {
-                        op.records_key.clone()
-                    } else {
-                        crate::keys::hash_tag(key)
-                            .and_then(|t| crate::keys::group_records_key(&op.records_key, t))
-                            .ok_or_else(|| {
-                                StoreError::Protocol(format!(
-                                    "refund of {}: {key} has no hash tag",
-                                    op.request_id
-                                ))
-                            })?
-                    };
-                    groups.push((s, records_key, vec![key]));
-                }
-            }
-        }
-        let calls = groups.iter().map(|(_, records_key, keys)| {
+        let groups = crate::keys::slot_groups(&op.records_key, op.keys.iter().map(String::as_str))
+            .map_err(|why| StoreError::Protocol(format!("refund of {}: {why}", op.request_id)))?;
+        // The main group is there even with no candidate key: nothing to refund in it.
+        let groups = groups.iter().filter(|g| !g.members.is_empty()).map(|g| {
+            let keys: Vec<&str> = g.members.iter().map(|&i| op.keys[i].as_str()).collect();
+            (&g.records_key, keys)
+        });
+        let calls = groups.map(|(records_key, keys)| {
             let mut inv = self.refund_script.prepare_invoke();
             inv.key(records_key);
             inv.key(format!("{records_key}:none"));
-            for key in keys {
+            for key in &keys {
                 inv.key(*key);
             }
             inv.arg(&op.request_id).arg(op.record_ttl_ms.max(1));
@@ -351,7 +336,7 @@ impl RedisStore {
                 Some(now) => inv.arg(now),
                 None => inv.arg(""),
             };
-            for key in keys {
+            for key in &keys {
                 inv.arg(&record_tag(key)[..]);
             }
             async move {

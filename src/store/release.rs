@@ -11,14 +11,13 @@
 //! retry failed) leaves a unit held until its window passes: the limit admits less, never
 //! more. Each drop is logged and counted.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Script;
 use tokio::sync::{mpsc, Semaphore};
 
-use super::redis::{record_tag, RELEASE_LUA};
+use super::redis::tag_arg;
 use super::redis_link::RedisLink;
 use crate::metrics::Metrics;
 use crate::rules::Algorithm;
@@ -50,32 +49,20 @@ pub struct Release {
     pub stamp: u64,
 }
 
-/// The queue and its counters (also `vigia_cluster_releases_total{result}`).
+/// The queue; what becomes of each release is counted in
+/// `vigia_cluster_releases_total{result}`.
+#[derive(Debug)]
 pub struct Releaser {
     tx: mpsc::Sender<Release>,
-    dropped: Arc<AtomicU64>,
-    done: Arc<AtomicU64>,
     metrics: Metrics,
 }
 
-impl std::fmt::Debug for Releaser {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Releaser")
-            .field("dropped", &self.dropped())
-            .field("done", &self.done())
-            .finish()
-    }
-}
-
 impl Releaser {
-    /// Starts the task that runs releases on `link` (on the calling runtime).
-    pub fn start(link: Arc<RedisLink>, metrics: Metrics) -> Releaser {
+    /// Starts the task that runs releases of `script` (release.lua, loaded by the caller)
+    /// on `link`, on the calling runtime.
+    pub fn start(link: Arc<RedisLink>, script: Script, metrics: Metrics) -> Releaser {
         let (tx, mut rx) = mpsc::channel::<Release>(QUEUE);
-        let dropped = Arc::new(AtomicU64::new(0));
-        let done = Arc::new(AtomicU64::new(0));
-        let (dropped_by_task, done_by_task) = (dropped.clone(), done.clone());
         let task_metrics = metrics.clone();
-        let script = Script::new(RELEASE_LUA);
         let script = Arc::new(script);
         tokio::spawn(async move {
             // Up to IN_FLIGHT releases at once: one at a time, a release per round trip,
@@ -86,18 +73,9 @@ impl Releaser {
                     break;
                 };
                 let (link, script) = (link.clone(), script.clone());
-                let (done, dropped, metrics) = (
-                    done_by_task.clone(),
-                    dropped_by_task.clone(),
-                    task_metrics.clone(),
-                );
+                let metrics = task_metrics.clone();
                 tokio::spawn(async move {
                     let result = run(&link, &script, &release).await;
-                    if result.is_some() {
-                        done.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        dropped.fetch_add(1, Ordering::Relaxed);
-                    }
                     metrics.cluster_release(match result {
                         Some(true) => "released",
                         Some(false) => "none",
@@ -107,18 +85,12 @@ impl Releaser {
                 });
             }
         });
-        Releaser {
-            tx,
-            dropped,
-            done,
-            metrics,
-        }
+        Releaser { tx, metrics }
     }
 
     /// Queues a release; drops it (logged, counted) when the queue is full.
     pub fn release(&self, release: Release) {
         if let Err(e) = self.tx.try_send(release) {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
             self.metrics.cluster_release("dropped");
             let request_id = match &e {
                 mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => {
@@ -131,16 +103,6 @@ impl Releaser {
                  holds a unit until its window passes"
             );
         }
-    }
-
-    /// Releases given up (queue full, or every try failed) since start.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
-    }
-
-    /// Releases run (whether or not a reservation was found) since start.
-    pub fn done(&self) -> u64 {
-        self.done.load(Ordering::Relaxed)
     }
 }
 
@@ -161,10 +123,7 @@ async fn run(link: &RedisLink, script: &Script, r: &Release) -> Option<bool> {
     cmd.arg(r.idempotency_field.as_deref().unwrap_or(""));
     cmd.arg(r.stamp);
     for (key, algorithm) in &r.keys {
-        match algorithm {
-            Algorithm::SlidingWindow => cmd.arg(""),
-            _ => cmd.arg(&record_tag(key)[..]),
-        };
+        cmd.arg(&tag_arg(*algorithm, key)[..]);
     }
     let mut pause = Duration::from_millis(FIRST_PAUSE_MS);
     for attempt in 1..=TRIES {
