@@ -26,7 +26,8 @@ KEYS, in this order:
 
 ARGV[1]        request id
 ARGV[2]        dry run: "1" decides and writes nothing at all (no sighting, no signal, no
-               limit, no trim), "0" records
+               limit, no trim), "0" records; on Redis Cluster "0.<digits>" records, the
+               request record ending in ".<digits>" (the reservation's stamp, limits.lua)
 ARGV[3]        the repeats to look for: "r" the request's record (the caller named the
                request id), "i" the idempotency key (ARGV[10]), "ri" both, ""
                neither (a request id the service made, no idempotency key)
@@ -44,7 +45,10 @@ then, with an idempotency key ("i" in ARGV[3]), 1: the idempotency record's fiel
 then, with [trust], 11:
                "1" when the points key is real (there is a user), "1" when the user's
                sighting key is real (there is a user), "1" when the device's sighting key
-               is real (there is a device), user_created_at (unix ms, or ""), how long a
+               is real (there is a device) -- on Redis Cluster each of the three may
+               instead be "=<value>": the fact is given, read by another slot group's
+               script (points; new_account 1, 0 or -1; new_device 1, 0 or -1), and its
+               key is a stand-in; then user_created_at (unix ms, or ""), how long a
                sighting is kept after the last one (ms), max_points, bonus_per_point,
                discount_per_point (float), new_account.younger_than (ms, or "" without
                [trust].new_account), new_account.max_factor (float, or ""),
@@ -195,6 +199,19 @@ local COUNTS = {
   users = true, devices = true, ips = true, nets = true, requests = true, user_switches = true,
 }
 
+-- A fact given as "=<value>" (see the header); nil for a key flag ("1", "0").
+local function given(i)
+  local v = ARGV[i]
+  if v == '1' or v == '0' then
+    return nil
+  end
+  local x = tonumber(string.match(v or '', '^=(-?%d+)$'))
+  if x == nil and bad_arg == nil then
+    bad_arg = 'fact (ARGV[' .. i .. '] = ' .. tostring(v) .. ') is neither a key flag nor =<integer>'
+  end
+  return x
+end
+
 local has_trust = ARGV[6] == '1'
 local has_score = ARGV[7] == '1'
 local n_signals = num(8, 'signal count')
@@ -228,6 +245,10 @@ if has_trust then
     na_younger = opt(a + 8, 'new_account younger_than'),
     na_factor = opt(a + 9, 'new_account max_factor'),
     nd_younger = opt(a + 10, 'new_device younger_than'),
+    -- Facts another slot group read (Redis Cluster): nil when not given.
+    given_points = given(a),
+    given_na = given(a + 1),
+    given_nd = given(a + 2),
   }
   if (trust.na_younger == nil) ~= (trust.na_factor == nil) then
     return fail('new_account needs both younger_than and max_factor')
@@ -447,7 +468,9 @@ local function sighting(key)
 end
 
 if trust then
-  if trust.has_points then
+  if trust.given_points then
+    points = trust.given_points
+  elseif trust.has_points then
     local key = points_key
     if not dry_run then
       redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
@@ -459,7 +482,9 @@ if trust then
   end
 
   local has_user = trust.has_points or trust.has_user_seen
-  if trust.na_younger and has_user then
+  if trust.given_na then
+    new_account = trust.given_na
+  elseif trust.na_younger and has_user then
     local born = trust.user_created
     if born == nil and trust.has_user_seen then
       born = sighting(user_seen_key)
@@ -469,7 +494,9 @@ if trust then
     end
   end
 
-  if trust.nd_younger and trust.has_device_seen then
+  if trust.given_nd then
+    new_device = trust.given_nd
+  elseif trust.nd_younger and trust.has_device_seen then
     new_device = young(sighting(device_seen_key), trust.nd_younger) and 1 or 0
   end
 end
@@ -692,6 +719,6 @@ end
 
 -- Phase 2: the applying limits, the request record (it names only the keys written: what
 -- refund.lua may undo) and the idempotency record.
-limits_record(limits, now, request_id, KEYS[1], idem_field, record_ttl)
+limits_record(limits, now, request_id, KEYS[1], idem_field, record_ttl, string.sub(ARGV[2], 2))
 
 return reply('allow', true, true)

@@ -44,11 +44,6 @@ pub enum StartError {
         url: String,
         source: StoreError,
     },
-    #[error(
-        "store.backend = \"redis_cluster\" decides scenes with limits only so far; the rules \
-         ask for {0}: use \"redis\" or \"embedded\" for them"
-    )]
-    ClusterRules(String),
     #[error("listen {addr}: {source}")]
     Bind {
         addr: String,
@@ -249,26 +244,6 @@ async fn open_stores(
     })
 }
 
-/// On Redis Cluster, what the rule set asks that the cluster decider does not decide yet
-/// (`decide::cluster`): `[trust]`, or a scene's signals or score.
-pub fn cluster_unsupported(ruleset: &RuleSet) -> Option<String> {
-    if ruleset.trust.is_some() {
-        return Some("[trust]".into());
-    }
-    ruleset.scenes.values().find_map(|scene| {
-        if !scene.signals.is_empty() {
-            Some(format!(
-                "scene {:?} has signals (or [behaviour])",
-                scene.name
-            ))
-        } else if scene.score.is_some() {
-            Some(format!("scene {:?} has a [score]", scene.name))
-        } else {
-            None
-        }
-    })
-}
-
 /// The keys' prefix, hash-tagged when the store is a cluster.
 fn key_prefix(config: &Config) -> KeyPrefix {
     match config.store.backend {
@@ -286,11 +261,6 @@ pub async fn build_core(
     metrics: Metrics,
     purpose: Purpose,
 ) -> Result<Core, StartError> {
-    if config.store.backend == StoreBackend::RedisCluster {
-        if let Some(what) = cluster_unsupported(ruleset) {
-            return Err(StartError::ClusterRules(what));
-        }
-    }
     let start = match purpose {
         Purpose::Serve => Behaviours::start,
         Purpose::Replay => Behaviours::start_local,

@@ -30,8 +30,13 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use redis::Script;
 
-use super::redis::{applies_without_trust, limits_judged, limits_only, script_now};
-use super::{CheckPlan, Decided, Decider};
+use super::cluster_layout::{Known, Layout};
+use super::math;
+use super::redis::{
+    applies_without_trust, invocation, limits_judged, limits_only, parse_reply, script_now,
+    GivenFacts, Part, DECIDE_LUA,
+};
+use super::{CheckPlan, Decided, Decider, Judgement, LimitValue, Outcome, SignalValue};
 use crate::clock::Clock;
 use crate::keys::{slot_groups, SlotGroup};
 use crate::metrics::Metrics;
@@ -46,6 +51,9 @@ use crate::store::{CheckOutcome, LimitState, StoreError};
 /// A [`Decider`] on a Redis Cluster.
 pub struct ClusterDecider {
     link: Arc<RedisLink>,
+    /// decide.lua, for a check with trust, signals or a score: one call per slot group.
+    script: Script,
+    /// For a check with limits only (the cheaper scripts a single Redis runs for one).
     shaped: LimitScripts,
     releaser: Releaser,
     /// `Some` (and not the wall clock) replaces each master's `TIME` with this clock.
@@ -77,24 +85,40 @@ impl ClusterDecider {
     ) -> Result<ClusterDecider, StoreError> {
         let startup_ms = link.timeout_ms().max(STARTUP_MIN_MS);
         let shaped = LimitScripts::default();
+        let script = Script::new(DECIDE_LUA);
         let release = Script::new(RELEASE_LUA);
-        link.load_scripts(&[shaped.check_lua(), &release], startup_ms)
+        link.load_scripts(&[shaped.check_lua(), &script, &release], startup_ms)
             .await?;
         let releaser = Releaser::start(link.clone(), release, metrics);
         Ok(ClusterDecider {
             link,
+            script,
             shaped,
             releaser,
             clock,
         })
     }
 
-    /// Queues the release of `group`'s reservation.
-    fn release(&self, plan: &CheckPlan, group: &Group, now: Option<u64>, stamp: u64) {
+    /// Waits until every release queued so far has run: the next check sees none of the
+    /// reservations of the checks denied before it (tests compare answers with one Redis's).
+    pub async fn settled(&self) {
+        self.releaser.settled().await;
+    }
+
+    /// Queues the release of the reservation of the group at `place` (its `limits`; the
+    /// idempotency record too when `idempotent` and the check has one).
+    fn release(
+        &self,
+        plan: &CheckPlan,
+        place: &SlotGroup,
+        limits: &[usize],
+        idempotent: bool,
+        now: Option<u64>,
+        stamp: u64,
+    ) {
         self.releaser.release(Release {
-            records_key: group.place.records_key.clone(),
-            keys: group
-                .limits
+            records_key: place.records_key.clone(),
+            keys: limits
                 .iter()
                 .map(|&j| (plan.limits[j].key.clone(), plan.limits[j].algorithm))
                 .collect(),
@@ -103,7 +127,7 @@ impl ClusterDecider {
             idempotency_field: plan
                 .idempotency_key
                 .as_deref()
-                .filter(|_| group.place.main)
+                .filter(|_| idempotent)
                 .map(idempotency_field),
             now,
             stamp,
@@ -139,10 +163,7 @@ fn uncounted(state: LimitState) -> LimitState {
 impl Decider for ClusterDecider {
     async fn decide(&self, plan: &CheckPlan) -> Result<Decided, StoreError> {
         if !limits_only(plan) {
-            return Err(StoreError::Unavailable(
-                "on redis_cluster a scene with [trust], signals or a score is not decided yet"
-                    .into(),
-            ));
+            return self.decide_judged(plan).await;
         }
         let sent: Vec<usize> = (0..plan.limits.len())
             .filter(|&j| applies_without_trust(plan.limits[j].filter))
@@ -194,7 +215,7 @@ impl Decider for ClusterDecider {
         let release_all = || {
             for (i, g) in groups.iter().enumerate() {
                 if holds(i) {
-                    self.release(plan, g, now, stamp);
+                    self.release(plan, &g.place, &g.limits, g.place.main, now, stamp);
                 }
             }
         };
@@ -248,4 +269,215 @@ impl Decider for ClusterDecider {
         };
         limits_judged(outcome, plan, &sent)
     }
+}
+
+impl ClusterDecider {
+    /// A check with trust, signals or a score ([`Layout`]): decide.lua per slot group, in
+    /// rounds when a group needs a fact read in another; the node then scores and decides
+    /// with [`math`], as the embedded decider does.
+    async fn decide_judged(&self, plan: &CheckPlan) -> Result<Decided, StoreError> {
+        let layout = Layout::of(plan).map_err(|why| {
+            StoreError::Protocol(format!("{why}: keys on a cluster must be placed by entity"))
+        })?;
+        let now = script_now(&self.clock);
+        let stamp: u64 = rand::random();
+        let mut known = Known::default();
+
+        if !layout.prelude.is_empty() {
+            // The groups' needs go round in a circle: read the facts first, writing nothing.
+            // (Repeats are the rounds' to find: this read looks for none.)
+            let dry = CheckPlan {
+                dry_run: true,
+                id_given: false,
+                idempotency_key: None,
+                ..plan.clone()
+            };
+            let reads = layout.prelude.iter().map(|&i| {
+                let g = &layout.groups[i];
+                let part = Part {
+                    records_key: &g.place.records_key,
+                    idempotency_key: None,
+                    signals: Some(&[]),
+                    limits: Some(&[]),
+                    holds_points: g.holds_points,
+                    holds_user_seen: g.holds_user_seen,
+                    holds_device_seen: g.holds_device_seen,
+                    given: GivenFacts::default(),
+                    score: false,
+                    stamp: None,
+                };
+                self.run(&dry, part, now)
+            });
+            for (&i, read) in layout.prelude.iter().zip(join_all(reads).await) {
+                match read? {
+                    Decided::Judged(j) => layout.learn(i, &j.facts, &mut known),
+                    Decided::Duplicate { of } => {
+                        return Err(StoreError::Protocol(format!(
+                            "a facts-only read answered a repeat of {of}"
+                        )))
+                    }
+                }
+            }
+        }
+
+        // Each group's answer, once its round has run (`None`: it did not run).
+        let mut answers: Vec<Option<Result<Decided, StoreError>>> =
+            vec![None; layout.groups.len()];
+        for round in &layout.rounds {
+            let calls = round.iter().map(|&i| {
+                let g = &layout.groups[i];
+                let part = Part {
+                    records_key: &g.place.records_key,
+                    // In every group: a repeat is then known to each before it observes
+                    // anything (a signal counts a retry under a new request id once).
+                    idempotency_key: plan.idempotency_key.as_deref(),
+                    signals: Some(&g.signals),
+                    limits: Some(&g.limits),
+                    holds_points: g.holds_points,
+                    holds_user_seen: g.holds_user_seen,
+                    holds_device_seen: g.holds_device_seen,
+                    given: layout.given(i, &known),
+                    score: false,
+                    stamp: Some(stamp),
+                };
+                self.run(plan, part, now)
+            });
+            let done = join_all(calls).await;
+            let mut stop = false;
+            for (&i, answer) in round.iter().zip(done) {
+                match &answer {
+                    Ok(Decided::Judged(j)) => layout.learn(i, &j.facts, &mut known),
+                    // A repeat or an error decides the check: no later group observes it.
+                    Ok(Decided::Duplicate { .. }) | Err(_) => stop = true,
+                }
+                answers[i] = Some(answer);
+            }
+            if stop {
+                break;
+            }
+        }
+
+        // What each group may hold of the request, to give back on anything but an allow:
+        // one that failed or timed out may have run (a release finds nothing if not).
+        let holds = |i: usize| {
+            !plan.dry_run
+                && matches!(
+                    &answers[i],
+                    Some(Err(_))
+                        | Some(Ok(Decided::Judged(Judgement {
+                            outcome: Outcome::Allowed { .. },
+                            ..
+                        })))
+                )
+        };
+        let release_all = || {
+            for (i, g) in layout.groups.iter().enumerate() {
+                if holds(i) {
+                    self.release(plan, &g.place, &g.limits, true, now, stamp);
+                }
+            }
+        };
+        if let Some(e) = answers.iter().flatten().find_map(|a| a.as_ref().err()) {
+            release_all();
+            return Err(e.clone());
+        }
+        let dup = answers.iter().flatten().find_map(|a| match a {
+            Ok(Decided::Duplicate { of }) => Some(of.clone()),
+            _ => None,
+        });
+        if let Some(of) = dup {
+            release_all();
+            return Ok(Decided::Duplicate { of });
+        }
+
+        let facts = known.facts();
+        let mut signals: Vec<Option<SignalValue>> = vec![None; plan.signals.len()];
+        // Each limit's value, and whether its group counted the request in it.
+        let mut limits: Vec<Option<(LimitValue, bool)>> = vec![None; plan.limits.len()];
+        let mut allowed = true;
+        for (g, answer) in layout.groups.iter().zip(&answers) {
+            let Some(Ok(Decided::Judged(j))) = answer else {
+                return Err(StoreError::Protocol(format!(
+                    "slot group {} gave no answer",
+                    g.place.records_key
+                )));
+            };
+            for (&i, &v) in g.signals.iter().zip(&j.signals) {
+                signals[i] = Some(v);
+            }
+            let (values, counted) = match &j.outcome {
+                Outcome::Allowed { limits } => (limits, true),
+                Outcome::Denied { limits } => {
+                    allowed = false;
+                    (limits, false)
+                }
+                Outcome::ScoreDeny => {
+                    return Err(StoreError::Protocol(format!(
+                        "slot group {} scored, though sent no score",
+                        g.place.records_key
+                    )))
+                }
+            };
+            for (&j, &v) in g.limits.iter().zip(values) {
+                limits[j] = Some((v, counted));
+            }
+        }
+        let signals: Vec<SignalValue> = collect_all(signals, "signal")?;
+        let discount = plan.trust.as_ref().map_or(0.0, |t| t.discount_per_point);
+        let (score, deny) = math::score(plan.score.as_ref(), &signals, &facts, discount);
+        if deny {
+            release_all();
+            return Ok(Decided::Judged(Judgement {
+                facts,
+                signals,
+                score,
+                outcome: Outcome::ScoreDeny,
+            }));
+        }
+        // A deny reports the counts before the request, as one Redis does: what a group
+        // that allowed counted is taken off (its reservation is released).
+        let limits = collect_all(limits, "limit")?
+            .into_iter()
+            .map(|(v, counted)| match (allowed, counted && v.applies) {
+                (false, true) => LimitValue {
+                    state: uncounted(v.state),
+                    ..v
+                },
+                _ => v,
+            })
+            .collect();
+        let outcome = if allowed {
+            Outcome::Allowed { limits }
+        } else {
+            release_all();
+            Outcome::Denied { limits }
+        };
+        Ok(Decided::Judged(Judgement {
+            facts,
+            signals,
+            score,
+            outcome,
+        }))
+    }
+
+    /// One group's decide.lua call.
+    async fn run(
+        &self,
+        plan: &CheckPlan,
+        part: Part<'_>,
+        now: Option<u64>,
+    ) -> Result<Decided, StoreError> {
+        let cmd = invocation(self.script.get_hash(), plan, &part, now);
+        let reply = self.link.eval(&self.script, &cmd).await?;
+        parse_reply(reply, plan, &part)
+    }
+}
+
+/// Every item answered, or the first that was not (a protocol error: no group held it).
+fn collect_all<T>(items: Vec<Option<T>>, what: &str) -> Result<Vec<T>, StoreError> {
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| v.ok_or_else(|| StoreError::Protocol(format!("no group answered {what} {i}"))))
+        .collect()
 }

@@ -31,6 +31,7 @@
 //! actors share without importing this module.
 
 pub mod cluster;
+mod cluster_layout;
 pub mod embedded;
 pub mod math;
 pub mod redis;

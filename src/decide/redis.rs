@@ -31,7 +31,7 @@ use crate::store::{CheckOutcome, LimitState, StoreError};
 /// The decision script: `lua/limits.lua` (the limits' arithmetic and recording, shared with
 /// `lua/check.lua`), then `lua/decide.lua`, whose header documents KEYS, ARGV and the
 /// reply. Redis loads and hashes the composed text.
-const DECIDE_LUA: &str = concat!(
+pub(super) const DECIDE_LUA: &str = concat!(
     include_str!("../../lua/limits.lua"),
     include_str!("../../lua/decide.lua")
 );
@@ -113,9 +113,10 @@ impl Decider for RedisDecider {
             let reply = self.link.eval(&script, &cmd).await?;
             return limits_judged(parse_check_reply(reply, sent.len())?, plan, &sent);
         }
-        let cmd = invocation(self.script.get_hash(), plan, self.now_arg());
+        let whole = Part::whole(plan);
+        let cmd = invocation(self.script.get_hash(), plan, &whole, self.now_arg());
         let reply = self.link.eval(&self.script, &cmd).await?;
-        parse_reply(reply, plan)
+        parse_reply(reply, plan, &whole)
     }
 }
 
@@ -227,6 +228,92 @@ pub(super) fn limits_judged(
     }))
 }
 
+/// What of a plan one decide.lua call is sent: the whole plan on one Redis; on Redis
+/// Cluster one slot group's share of it ([`super::cluster`]), whose script reads the facts
+/// whose keys it holds and is given the others.
+#[derive(Debug, Clone)]
+pub(super) struct Part<'a> {
+    pub records_key: &'a str,
+    /// The idempotency record is written (and looked for) in one place only.
+    pub idempotency_key: Option<&'a str>,
+    /// The plan's indices of the signals and limits sent; `None`: all of them, in order.
+    pub signals: Option<&'a [usize]>,
+    pub limits: Option<&'a [usize]>,
+    /// The trust keys this part holds (its script reads and records them); the others
+    /// are stand-ins.
+    pub holds_points: bool,
+    pub holds_user_seen: bool,
+    pub holds_device_seen: bool,
+    /// Facts read elsewhere, sent as `=<value>` in the place of their key's flag.
+    pub given: GivenFacts,
+    /// Send the score's block: the script scores and may deny on it. A slot group does
+    /// not (it sees only its own signals); the node scores.
+    pub score: bool,
+    /// The reservation's stamp on a cluster (a dry run sends none).
+    pub stamp: Option<u64>,
+}
+
+/// Facts a slot group's script is given rather than reads: `None` each when not given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct GivenFacts {
+    pub points: Option<u32>,
+    pub new_account: Option<Option<bool>>,
+    pub new_device: Option<Option<bool>>,
+}
+
+impl<'a> Part<'a> {
+    /// The whole plan, as one Redis decides it.
+    pub fn whole(plan: &'a CheckPlan) -> Part<'a> {
+        Part {
+            records_key: &plan.records_key,
+            idempotency_key: plan.idempotency_key.as_deref(),
+            signals: None,
+            limits: None,
+            holds_points: true,
+            holds_user_seen: true,
+            holds_device_seen: true,
+            given: GivenFacts::default(),
+            score: true,
+            stamp: None,
+        }
+    }
+
+    /// The plan's indices of the signals sent.
+    pub fn signal_indices(&self, plan: &CheckPlan) -> impl Iterator<Item = usize> + Clone + 'a {
+        indices(self.signals, plan.signals.len())
+    }
+
+    /// The plan's indices of the limits sent.
+    pub fn limit_indices(&self, plan: &CheckPlan) -> impl Iterator<Item = usize> + Clone + 'a {
+        indices(self.limits, plan.limits.len())
+    }
+}
+
+/// `picked`, or `0..all` when `None`.
+fn indices(picked: Option<&[usize]>, all: usize) -> impl Iterator<Item = usize> + Clone + '_ {
+    let (some, none) = match picked {
+        Some(p) => (Some(p.iter().copied()), None),
+        None => (None, Some(0..all)),
+    };
+    some.into_iter().flatten().chain(none.into_iter().flatten())
+}
+
+/// A trust key's flag: a given fact (`=<value>`), else whether the key is real here.
+fn fact_flag(cmd: &mut Cmd, given: Option<i64>, real: bool) {
+    match given {
+        Some(v) => cmd.arg(format!("={v}")),
+        None => cmd.arg(flag(real)),
+    };
+}
+
+fn tristate(x: Option<bool>) -> i64 {
+    match x {
+        None => -1,
+        Some(false) => 0,
+        Some(true) => 1,
+    }
+}
+
 fn flag(b: bool) -> &'static str {
     if b {
         "1"
@@ -253,8 +340,16 @@ fn script_member(member: &str) -> [u8; 16] {
 
 /// An optional key, or the records key standing in for it (its flag says which; the script
 /// never touches a stand-in).
-fn or_record<'a>(key: &'a Option<String>, plan: &'a CheckPlan) -> &'a str {
-    key.as_deref().unwrap_or(&plan.records_key)
+fn or_record<'a>(key: &'a Option<String>, records_key: &'a str) -> &'a str {
+    key.as_deref().unwrap_or(records_key)
+}
+
+/// A trust key the part holds, or the records key standing in for it.
+fn held<'a>(key: &'a Option<String>, holds: bool, records_key: &'a str) -> &'a str {
+    match key {
+        Some(k) if holds => k,
+        _ => records_key,
+    }
 }
 
 /// An optional argument: absent is "".
@@ -265,56 +360,78 @@ fn opt<T: ToRedisArgs>(cmd: &mut Cmd, x: Option<T>) {
     };
 }
 
-/// The EVALSHA of one check, in the layout of the script header, packed straight into
-/// one command: every key and argument is written once, into the command's own buffer
-/// (numbers formatted in place), with no string of its own. `now`: `None` reads Redis
-/// `TIME`.
-fn invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> Cmd {
+/// The EVALSHA of one check (or of `part` of it), in the layout of the script header,
+/// packed straight into one command: every key and argument is written once, into the
+/// command's own buffer (numbers formatted in place), with no string of its own. `now`:
+/// `None` reads Redis `TIME`.
+pub(super) fn invocation(sha: &str, plan: &CheckPlan, part: &Part, now: Option<u64>) -> Cmd {
     let trust = plan.trust.as_ref();
+    let score = plan.score.as_ref().filter(|_| part.score);
+    let signals = part.signal_indices(plan);
+    let limits = part.limit_indices(plan);
+    let (n_signals, n_limits) = (signals.clone().count(), limits.clone().count());
+    let records_key = part.records_key;
     let n_keys = 1
         + if trust.is_some() { TRUST_KEYS } else { 0 }
-        + KEYS_PER_SIGNAL * plan.signals.len()
-        + plan.limits.len();
+        + KEYS_PER_SIGNAL * n_signals
+        + n_limits;
     let n_args = FIXED_ARGS
-        + usize::from(plan.idempotency_key.is_some())
+        + usize::from(part.idempotency_key.is_some())
         + trust.map_or(0, |_| TRUST_ARGS)
-        + plan.score.as_ref().map_or(0, |_| SCORE_ARGS)
-        + ARGS_PER_SIGNAL * plan.signals.len()
-        + plan.limits.len() * if trust.is_some() { 8 } else { 6 };
+        + score.map_or(0, |_| SCORE_ARGS)
+        + ARGS_PER_SIGNAL * n_signals
+        + n_limits * if trust.is_some() { 8 } else { 6 };
     let mut cmd = Cmd::with_capacity(3 + n_keys + n_args, 64 * (n_keys + n_args));
     cmd.arg("EVALSHA").arg(sha).arg(n_keys);
 
-    cmd.arg(&plan.records_key);
+    cmd.arg(records_key);
     if let Some(t) = trust {
-        cmd.arg(or_record(&t.points_key, plan))
-            .arg(or_record(&t.user_seen_key, plan))
-            .arg(or_record(&t.device_seen_key, plan));
+        cmd.arg(held(&t.points_key, part.holds_points, records_key))
+            .arg(held(&t.user_seen_key, part.holds_user_seen, records_key))
+            .arg(held(&t.device_seen_key, part.holds_device_seen, records_key));
     }
-    for s in &plan.signals {
+    for i in signals.clone() {
+        let s = &plan.signals[i];
         cmd.arg(&s.key)
-            .arg(or_record(&s.all_key, plan))
-            .arg(or_record(&s.last_key, plan));
+            .arg(or_record(&s.all_key, records_key))
+            .arg(or_record(&s.last_key, records_key));
     }
-    for l in &plan.limits {
-        cmd.arg(&l.key);
+    for j in limits.clone() {
+        cmd.arg(&plan.limits[j].key);
     }
 
-    cmd.arg(&plan.request_id)
-        .arg(flag(plan.dry_run))
-        .arg(repeats(plan.id_given, plan.idempotency_key.is_some()))
+    cmd.arg(&plan.request_id);
+    match part.stamp {
+        Some(stamp) if !plan.dry_run => cmd.arg(format!("0.{stamp}")),
+        _ => cmd.arg(flag(plan.dry_run)),
+    };
+    cmd.arg(repeats(plan.id_given, part.idempotency_key.is_some()))
         .arg(plan.record_ttl_ms.max(1));
     opt(&mut cmd, now);
     cmd.arg(flag(trust.is_some()))
-        .arg(flag(plan.score.is_some()))
-        .arg(plan.signals.len())
-        .arg(plan.limits.len());
-    if let Some(idem) = &plan.idempotency_key {
+        .arg(flag(score.is_some()))
+        .arg(n_signals)
+        .arg(n_limits);
+    if let Some(idem) = part.idempotency_key {
         cmd.arg(idempotency_field(idem));
     }
     if let Some(t) = trust {
-        cmd.arg(flag(t.points_key.is_some()))
-            .arg(flag(t.user_seen_key.is_some()))
-            .arg(flag(t.device_seen_key.is_some()));
+        let g = part.given;
+        fact_flag(
+            &mut cmd,
+            g.points.map(i64::from),
+            part.holds_points && t.points_key.is_some(),
+        );
+        fact_flag(
+            &mut cmd,
+            g.new_account.map(tristate),
+            part.holds_user_seen && t.user_seen_key.is_some(),
+        );
+        fact_flag(
+            &mut cmd,
+            g.new_device.map(tristate),
+            part.holds_device_seen && t.device_seen_key.is_some(),
+        );
         opt(&mut cmd, t.user_created_ms);
         // PX 0 is an error in Redis; a sighting lives at least a millisecond.
         cmd.arg(t.seen_ttl_ms.max(1))
@@ -325,11 +442,12 @@ fn invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> Cmd {
         opt(&mut cmd, t.new_account.map(|(_, factor)| factor));
         opt(&mut cmd, t.new_device_ms);
     }
-    if let Some(score) = &plan.score {
+    if let Some(score) = score {
         opt(&mut cmd, score.new_account_weight);
         cmd.arg(score.silent_deny_at);
     }
-    for (i, s) in plan.signals.iter().enumerate() {
+    for i in signals {
+        let s = &plan.signals[i];
         cmd.arg(s.count.name())
             .arg(&script_member(&s.member)[..])
             .arg(filter_arg(s.filter))
@@ -342,12 +460,10 @@ fn invocation(sha: &str, plan: &CheckPlan, now: Option<u64>) -> Cmd {
         cmd.arg(flag(s.all_key.is_some()))
             .arg(flag(s.last_key.is_some()));
         // Weights pair with signals like `zip` in math::score: a missing one adds nothing.
-        opt(
-            &mut cmd,
-            plan.score.as_ref().and_then(|p| p.weights.get(i).copied()),
-        );
+        opt(&mut cmd, score.and_then(|p| p.weights.get(i).copied()));
     }
-    for l in &plan.limits {
+    for j in limits {
+        let l = &plan.limits[j];
         // A zero window would divide by zero in the script; the rule compiler rejects it,
         // this only keeps a bad plan from turning into a script error.
         let window_ms = l.window_ms.max(1);
@@ -450,7 +566,12 @@ impl Reply {
 
 /// Turns the script's reply into a [`Decided`], strictly: any shape but the header's is a
 /// [`StoreError::Protocol`] naming what was wrong (a stale script, a foreign key shape).
-fn parse_reply(reply: Value, plan: &CheckPlan) -> Result<Decided, StoreError> {
+/// `part`'s signals and limits, in its order, are what the reply holds.
+pub(super) fn parse_reply(
+    reply: Value,
+    plan: &CheckPlan,
+    part: &Part,
+) -> Result<Decided, StoreError> {
     let Value::Array(items) = reply else {
         return Err(bad(format!("expected an array, got {reply:?}")));
     };
@@ -483,9 +604,10 @@ fn parse_reply(reply: Value, plan: &CheckPlan) -> Result<Decided, StoreError> {
         new_device: r.tristate("new_device")?,
     };
 
-    r.count("the signal count", plan.signals.len())?;
-    let mut signals = Vec::with_capacity(plan.signals.len());
-    for s in &plan.signals {
+    let n_signals = part.signal_indices(plan).count();
+    r.count("the signal count", n_signals)?;
+    let mut signals = Vec::with_capacity(n_signals);
+    for s in part.signal_indices(plan).map(|i| &plan.signals[i]) {
         let at = |field: &str| format!("signal {:?} {field}", s.name);
         let applies = r.flag(&at("applies"))?;
         let value = r.unsigned(&at("value"))?;
@@ -510,12 +632,13 @@ fn parse_reply(reply: Value, plan: &CheckPlan) -> Result<Decided, StoreError> {
 
     let n_limits = match outcome.as_str() {
         "score" => 0,
-        "allow" | "deny" => plan.limits.len(),
+        "allow" | "deny" => part.limit_indices(plan).count(),
         other => return Err(bad(format!("unknown outcome {other:?}"))),
     };
     r.count("the limit count", n_limits)?;
     let mut limits = Vec::with_capacity(n_limits);
-    for (j, l) in plan.limits.iter().take(n_limits).enumerate() {
+    for j in part.limit_indices(plan).take(n_limits) {
+        let l = &plan.limits[j];
         let at = |field: &str| format!("limit {j} ({}) {field}", l.key);
         let applies = r.flag(&at("applies"))?;
         let max = r.unsigned(&at("max"))?;
@@ -684,7 +807,7 @@ mod tests {
 
     /// The KEYS and ARGV an invocation sends, as text.
     fn sent(p: &CheckPlan, now: Option<u64>) -> (Vec<String>, Vec<String>) {
-        let words = words(&invocation("0123abcd", p, now));
+        let words = words(&invocation("0123abcd", p, &Part::whole(p), now));
         assert_eq!(&words[..2], ["EVALSHA", "0123abcd"]);
         let n_keys: usize = words[2].parse().expect("numkeys");
         (words[3..3 + n_keys].to_vec(), words[3 + n_keys..].to_vec())
@@ -892,7 +1015,7 @@ mod tests {
     fn parses_an_allow_a_deny_and_a_score_deny() {
         let p = plan();
         let Decided::Judged(j) =
-            parse_reply(reply(&[head("allow", "0.6"), limits(false)]), &p).expect("allow")
+            parse_reply(reply(&[head("allow", "0.6"), limits(false)]), &p, &Part::whole(&p)).expect("allow")
         else {
             panic!("not judged")
         };
@@ -948,7 +1071,7 @@ mod tests {
             }
         );
 
-        let denied = parse_reply(reply(&[head("deny", "0.6"), limits(true)]), &p).expect("deny");
+        let denied = parse_reply(reply(&[head("deny", "0.6"), limits(true)]), &p, &Part::whole(&p)).expect("deny");
         let Decided::Judged(Judgement {
             outcome: Outcome::Denied { limits: l },
             ..
@@ -961,6 +1084,7 @@ mod tests {
         let score = parse_reply(
             reply(&[head("score", "0.69999999999999996"), vec![int(0)]]),
             &p,
+            &Part::whole(&p),
         )
         .expect("score deny");
         let Decided::Judged(j) = score else {
@@ -973,13 +1097,13 @@ mod tests {
     fn parses_a_duplicate() {
         let p = plan();
         assert_eq!(
-            parse_reply(Value::Array(vec![bulk("dup"), bulk("r0")]), &p).expect("dup"),
+            parse_reply(Value::Array(vec![bulk("dup"), bulk("r0")]), &p, &Part::whole(&p)).expect("dup"),
             Decided::Duplicate { of: "r0".into() }
         );
     }
 
     fn protocol(reply: Value) -> String {
-        match parse_reply(reply, &plan()) {
+        match parse_reply(reply, &plan(), &Part::whole(&plan())) {
             Err(StoreError::Protocol(why)) => why,
             other => panic!("expected a protocol error, got {other:?}"),
         }

@@ -11,11 +11,12 @@
 //! retry failed) leaves a unit held until its window passes: the limit admits less, never
 //! more. Each drop is logged and counted.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Script;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, Notify, Semaphore};
 
 use super::redis::tag_arg;
 use super::redis_link::RedisLink;
@@ -55,6 +56,22 @@ pub struct Release {
 pub struct Releaser {
     tx: mpsc::Sender<Release>,
     metrics: Metrics,
+    /// Releases queued or running, and a wake-up when that falls to zero.
+    pending: Arc<Pending>,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl Pending {
+    fn done(&self) {
+        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
 }
 
 impl Releaser {
@@ -64,6 +81,8 @@ impl Releaser {
         let (tx, mut rx) = mpsc::channel::<Release>(QUEUE);
         let task_metrics = metrics.clone();
         let script = Arc::new(script);
+        let pending = Arc::new(Pending::default());
+        let task_pending = pending.clone();
         tokio::spawn(async move {
             // Up to IN_FLIGHT releases at once: one at a time, a release per round trip,
             // fell behind a few thousand denies a second (benches/cluster.py).
@@ -74,6 +93,7 @@ impl Releaser {
                 };
                 let (link, script) = (link.clone(), script.clone());
                 let metrics = task_metrics.clone();
+                let pending = task_pending.clone();
                 tokio::spawn(async move {
                     let result = run(&link, &script, &release).await;
                     metrics.cluster_release(match result {
@@ -82,15 +102,37 @@ impl Releaser {
                         None => "dropped",
                     });
                     drop(permit);
+                    pending.done();
                 });
             }
         });
-        Releaser { tx, metrics }
+        Releaser {
+            tx,
+            metrics,
+            pending,
+        }
+    }
+
+    /// Waits until every release queued before the call has run (or been dropped): a
+    /// check that follows then sees none of the denied checks' reservations.
+    pub async fn settled(&self) {
+        loop {
+            let idle = self.pending.idle.notified();
+            tokio::pin!(idle);
+            // Registered before the count is read: a release ending in between wakes it.
+            idle.as_mut().enable();
+            if self.pending.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 
     /// Queues a release; drops it (logged, counted) when the queue is full.
     pub fn release(&self, release: Release) {
+        self.pending.count.fetch_add(1, Ordering::AcqRel);
         if let Err(e) = self.tx.try_send(release) {
+            self.pending.done();
             self.metrics.cluster_release("dropped");
             let request_id = match &e {
                 mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => {

@@ -232,21 +232,100 @@ async fn three_nodes_on_a_cluster_never_admit_past_a_limit_and_give_back_what_de
     assert_eq!(held(&cluster), (10, 10));
 }
 
-/// The shipped rules use signals, a score and [trust], which a cluster does not decide
-/// yet: vigia refuses to start rather than answer every check with its store policy.
+/// The shipped rules on three nodes sharing a cluster: a farm rotating accounts on one
+/// device across the nodes is scored as one (the device's signals live in its slot, not
+/// on a node); a payment posted to one node raises the user's limit on another; a refund
+/// sent to a third gives back what the first counted.
 #[actix_web::test]
-async fn rules_a_cluster_cannot_decide_yet_are_refused_at_start_naming_what() {
+async fn three_nodes_on_a_cluster_share_signals_trust_and_refunds_under_the_shipped_rules() {
     let cluster = RedisCluster::start();
     let shipped = std::fs::read_to_string("rules/coupon_claim.toml").expect("shipped rule");
     let common = std::fs::read_to_string("rules/common.toml").expect("shipped rule");
-    let err = Node::start(&cluster, &format!("{common}\n{shipped}"))
-        .await
-        .err()
-        .expect("vigia refuses the rules");
-    assert!(
-        err.contains("redis_cluster") && err.contains("[trust]"),
-        "{err}"
+    let rules = format!("{common}\n{shipped}");
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(Node::start(&cluster, &rules).await.expect("vigia starts"));
+    }
+    let old = "2020-01-01T00:00:00Z";
+
+    // The farm: four accounts in turn on one device, each through another node.
+    let mut decisions = Vec::new();
+    for u in 0..4 {
+        let (status, body) = nodes[u % 3]
+            .check(&json!({
+                "scene": "coupon_claim", "request_id": format!("farm-{u}"),
+                "user_id": format!("farm-user-{u}"), "device_id": "farm-device-0001",
+                "ip": format!("203.0.113.{}", 10 + u), "user_created_at": old,
+            }))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        decisions.push((body["decision"].clone(), body["reason"].clone()));
+        if u == 3 {
+            let value = |name: &str| {
+                body["signals"]
+                    .as_array()
+                    .and_then(|s| s.iter().find(|s| s["name"] == name))
+                    .map(|s| s["value"].clone())
+            };
+            assert_eq!(value("accounts_per_device"), Some(json!(4)), "{body}");
+            assert_eq!(value("account_switches"), Some(json!(3)), "{body}");
+        }
+    }
+    assert_eq!(
+        decisions,
+        [
+            (json!("allow"), Value::Null),
+            (json!("allow"), Value::Null),
+            (json!("allow"), Value::Null),
+            (json!("silent_deny"), json!("score")),
+        ]
     );
+
+    // A payment on node 0 is a point on node 1: user_1d allows 3 + 1.
+    let resp = nodes[0]
+        .client
+        .post(format!("{}/v1/events", nodes[0].base))
+        .json(&json!({
+            "event_id": "pay-1", "type": "payment_succeeded", "user_id": "payer",
+            "occurred_at": "2026-12-01T10:00:00Z",
+        }))
+        .send()
+        .await
+        .expect("events");
+    assert_eq!(resp.status().as_u16(), 202);
+    let payer = json!({
+        "scene": "coupon_claim", "request_id": "payer-1", "user_id": "payer",
+        "device_id": "payer-phone-01", "ip": "198.51.100.7", "user_created_at": old,
+    });
+    let (status, body) = nodes[1].check(&payer).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["trust"]["points"], 1, "{body}");
+    let user_1d = body["limits"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["name"] == "user_1d"))
+        .cloned()
+        .unwrap_or_else(|| panic!("user_1d in {body}"));
+    assert_eq!((user_1d["max"].clone(), user_1d["count"].clone()), (json!(4), json!(1)));
+
+    // The payer's next claim within 10 s is user_10s's; refunded on node 2, it is not.
+    let again = json!({
+        "scene": "coupon_claim", "request_id": "payer-2", "user_id": "payer",
+        "device_id": "payer-phone-01", "ip": "198.51.100.7", "user_created_at": old,
+    });
+    let (status, body) = nodes[0].check(&again).await;
+    assert_eq!((status, body["reason"].clone()), (429, json!("user_10s")), "{body}");
+    let resp = nodes[2]
+        .client
+        .post(format!("{}/v1/refund", nodes[2].base))
+        .json(&payer)
+        .send()
+        .await
+        .expect("refund");
+    assert_eq!(resp.status().as_u16(), 200);
+    let refunded: Value = resp.json().await.expect("refund answer");
+    assert_eq!(refunded["refunded"], true, "{refunded}");
+    let (status, body) = nodes[0].check(&again).await;
+    assert_eq!((status, body["decision"].clone()), (200, json!("allow")), "{body}");
 }
 
 /// Every key a check of the shipped `coupon_claim` scene touches, on a cluster, lands in

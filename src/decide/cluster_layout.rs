@@ -1,0 +1,239 @@
+//! How one check with trust, signals or a score is split over a Redis Cluster: which slot
+//! group runs which signals and limits, which group reads which fact, and in which round
+//! each group's script can run.
+//!
+//! A fact lives where its key lives: the user's points and first sighting in the user's
+//! slot, the device's first sighting in the device's. A group whose signal or limit
+//! depends on a fact held elsewhere (`where = "new_account"` on a network's signal, a
+//! per-user limit's new-account share, a trust bonus) cannot decide before that fact is
+//! read. So the groups run in rounds: the first round is every group that needs no
+//! foreign fact (the facts' own groups among them, as their script reads them anyway);
+//! the next, the groups whose facts are now known, given those facts as arguments. The
+//! shipped coupon_claim takes two: the user, device and address groups, then the network
+//! and the scene-wide groups, whose new-account signals need the user's age.
+//!
+//! When no group can go first (the user's group needs the device's age and the device's
+//! group the user's), a prelude reads the facts in a dry run (writing nothing), and every
+//! group then runs in one round. Pure: no I/O, so it is tested here on plans.
+
+use super::redis::GivenFacts;
+use super::{CheckPlan, Facts};
+use crate::keys::{slot, slot_groups, SlotGroup};
+use crate::rules::Filter;
+
+/// A fact a group may read or need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fact {
+    Points,
+    NewAccount,
+    NewDevice,
+}
+
+impl Fact {
+    const ALL: [Fact; 3] = [Fact::Points, Fact::NewAccount, Fact::NewDevice];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The fact a filter reads.
+    fn of(filter: Filter) -> Fact {
+        match filter {
+            Filter::Untrusted => Fact::Points,
+            Filter::NewAccount => Fact::NewAccount,
+            Filter::NewDevice => Fact::NewDevice,
+        }
+    }
+}
+
+/// One slot group's share of a check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ClusterGroup {
+    pub place: SlotGroup,
+    /// The plan's indices of the signals and limits whose keys are in this slot.
+    pub signals: Vec<usize>,
+    pub limits: Vec<usize>,
+    /// The trust keys in this slot: its script reads (and records) those facts.
+    pub holds_points: bool,
+    pub holds_user_seen: bool,
+    pub holds_device_seen: bool,
+    /// Facts read in another group that this one's signals or limits depend on.
+    pub needs: Vec<Fact>,
+}
+
+/// How a check runs: its groups, and the rounds (indices into `groups`) in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Layout {
+    pub groups: Vec<ClusterGroup>,
+    /// Groups whose facts a dry run reads before the rounds (only when the groups'
+    /// needs go round in a circle); empty otherwise.
+    pub prelude: Vec<usize>,
+    pub rounds: Vec<Vec<usize>>,
+    /// The group whose script reads each fact ([`Fact`] order); `None` when no key
+    /// holds it (no user, no device, or the rules never ask): every group then reads the
+    /// same default (no points, age unknown).
+    pub homes: [Option<usize>; 3],
+}
+
+impl Layout {
+    /// Lays out `plan` over its slot groups. Errs naming a key without a hash tag, or a
+    /// signal whose keys are not in one slot (keys on a cluster are placed by entity).
+    pub fn of(plan: &CheckPlan) -> Result<Layout, String> {
+        let trust = plan.trust.as_ref();
+        let trust_keys: Vec<&str> = trust
+            .map(|t| [&t.points_key, &t.user_seen_key, &t.device_seen_key])
+            .into_iter()
+            .flatten()
+            .filter_map(|k| k.as_deref())
+            .collect();
+        for s in &plan.signals {
+            for other in [&s.all_key, &s.last_key].into_iter().flatten() {
+                if slot(other) != slot(&s.key) {
+                    return Err(format!(
+                        "signal {:?}: {other} and {} are in different slots",
+                        s.name, s.key
+                    ));
+                }
+            }
+        }
+        let keys = trust_keys
+            .iter()
+            .copied()
+            .chain(plan.signals.iter().map(|s| s.key.as_str()))
+            .chain(plan.limits.iter().map(|l| l.key.as_str()));
+        let (n_trust, n_signals) = (trust_keys.len(), plan.signals.len());
+        let mut groups: Vec<ClusterGroup> = slot_groups(&plan.records_key, keys)?
+            .into_iter()
+            .map(|place| {
+                let mut g = ClusterGroup {
+                    signals: Vec::new(),
+                    limits: Vec::new(),
+                    holds_points: false,
+                    holds_user_seen: false,
+                    holds_device_seen: false,
+                    needs: Vec::new(),
+                    place,
+                };
+                for &m in &g.place.members {
+                    if m < n_trust {
+                        let key = Some(trust_keys[m].to_string());
+                        let t = trust.expect("trust keys come from the trust plan");
+                        g.holds_points |= t.points_key == key;
+                        g.holds_user_seen |= t.user_seen_key == key;
+                        g.holds_device_seen |= t.device_seen_key == key;
+                    } else if m < n_trust + n_signals {
+                        g.signals.push(m - n_trust);
+                    } else {
+                        g.limits.push(m - n_trust - n_signals);
+                    }
+                }
+                g
+            })
+            .collect();
+
+        let find = |pick: fn(&ClusterGroup) -> bool| groups.iter().position(pick);
+        let homes = match trust {
+            None => [None; 3],
+            Some(t) => {
+                let user = find(|g| g.holds_user_seen).or_else(|| find(|g| g.holds_points));
+                [
+                    find(|g| g.holds_points),
+                    user.filter(|_| t.new_account.is_some()),
+                    find(|g| g.holds_device_seen).filter(|_| t.new_device_ms.is_some()),
+                ]
+            }
+        };
+        for (i, g) in groups.iter_mut().enumerate() {
+            let mut wants = [false; 3];
+            for f in g.signals.iter().filter_map(|&s| plan.signals[s].filter) {
+                wants[Fact::of(f).index()] = true;
+            }
+            for l in g.limits.iter().map(|&j| &plan.limits[j]) {
+                if let Some(f) = l.filter {
+                    wants[Fact::of(f).index()] = true;
+                }
+                wants[Fact::NewAccount.index()] |= l.per_user;
+                wants[Fact::Points.index()] |= l.trust_bonus;
+            }
+            g.needs = Fact::ALL
+                .into_iter()
+                .filter(|f| wants[f.index()] && homes[f.index()].is_some_and(|h| h != i))
+                .collect();
+        }
+
+        let mut known = [false; 3];
+        let mut left: Vec<usize> = (0..groups.len()).collect();
+        let mut rounds = Vec::new();
+        let mut prelude = Vec::new();
+        while !left.is_empty() {
+            let (ready, waiting): (Vec<usize>, Vec<usize>) = left
+                .iter()
+                .partition(|&&i| groups[i].needs.iter().all(|f| known[f.index()]));
+            if ready.is_empty() {
+                // A circle: read every fact first, then run everything at once.
+                prelude = (0..groups.len())
+                    .filter(|&i| homes.contains(&Some(i)))
+                    .collect();
+                rounds = vec![(0..groups.len()).collect()];
+                break;
+            }
+            for f in Fact::ALL {
+                if homes[f.index()].is_some_and(|h| ready.contains(&h)) {
+                    known[f.index()] = true;
+                }
+            }
+            rounds.push(ready);
+            left = waiting;
+        }
+        Ok(Layout {
+            groups,
+            prelude,
+            rounds,
+            homes,
+        })
+    }
+
+    /// What group `i` is given of `facts` (those read so far): every fact it needs and
+    /// does not read itself.
+    pub fn given(&self, i: usize, facts: &Known) -> GivenFacts {
+        let g = &self.groups[i];
+        let needs = |f: Fact| g.needs.contains(&f);
+        GivenFacts {
+            points: facts.points.filter(|_| needs(Fact::Points)),
+            new_account: facts.new_account.filter(|_| needs(Fact::NewAccount)),
+            new_device: facts.new_device.filter(|_| needs(Fact::NewDevice)),
+        }
+    }
+
+    /// Takes the facts group `i` read (its script's answer) into `known`.
+    pub fn learn(&self, i: usize, read: &Facts, known: &mut Known) {
+        if self.homes[Fact::Points.index()] == Some(i) {
+            known.points = Some(read.points);
+        }
+        if self.homes[Fact::NewAccount.index()] == Some(i) {
+            known.new_account = Some(read.new_account);
+        }
+        if self.homes[Fact::NewDevice.index()] == Some(i) {
+            known.new_device = Some(read.new_device);
+        }
+    }
+}
+
+/// The facts read so far in one check (`None`: not yet).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Known {
+    pub points: Option<u32>,
+    pub new_account: Option<Option<bool>>,
+    pub new_device: Option<Option<bool>>,
+}
+
+impl Known {
+    /// The check's facts: each as its group read it, the default where no group holds it.
+    pub fn facts(&self) -> Facts {
+        Facts {
+            points: self.points.unwrap_or(0),
+            new_account: self.new_account.flatten(),
+            new_device: self.new_device.flatten(),
+        }
+    }
+}
