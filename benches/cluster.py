@@ -4,20 +4,21 @@ the same limits-only coupon_claim scene and the same wrk load on both; throughpu
 and the CPU every check costs vigia and each redis-server.
 
 Usage: benches/cluster.py [-d SECONDS] [-c CONNECTIONS] [-t THREADS] [--rows ROW,...]
-                          [--repeat N] [--no-build]
+                          [--rules shipped|limits] [--masters N] [--repeat N] [--no-build]
 
 Rows, in this order (default: both):
   redis    vigia with [store] backend = "redis" on one private redis-server
-  cluster  vigia with backend = "redis_cluster" on a private cluster of 3 masters, no
-           replicas (redis-cli --cluster create … --cluster-replicas 0), seeded with all three
+  cluster  vigia with backend = "redis_cluster" on a private cluster of N masters (--masters,
+           3 by default), no replicas (redis-cli --cluster create … --cluster-replicas 0), seeded with all three
 
-The rules are benches/rules/cluster/coupon_claim.toml: the shipped coupon_claim scene's
-four limits (user_10s, user_1d, device_1d, ip_1m), required dimensions, override and
-[validation], without trust, signals or score, which the cluster backend does not decide
-yet (see the file's header). On the cluster every key is hash-tagged by its entity, so one
-check touches three slot groups, the user's, the device's and the address's, and vigia runs
-one script per group at once; on one Redis it runs one script. The load is
-benches/wrk/cluster.lua: users and devices from pools of 100k, addresses from 10k.
+--rules shipped (the default) is the shipped rules/ folder, scene coupon_claim: its four
+limits, six signals, [trust] and score. On the cluster every key is hash-tagged by its
+entity, so one check touches five slot groups (the user's, the device's, the address's,
+the network's and the scene's); the network's and the scene's new-account signals need the
+user's age, read in the user's group, so they run in a second round. --rules limits is
+benches/rules/cluster/coupon_claim.toml: the same four limits alone (three groups, one
+round, the cheaper limits-only scripts). The load is benches/wrk/cluster.lua: users and
+devices from pools of 100k, addresses from 10k.
 
 Both Redis setups start once, before the first row (on free ports, never 6379; a cluster
 port needs port + 10000 free too, its bus), in a private temporary folder, with
@@ -81,8 +82,7 @@ from load import BenchError, cpu_ticks, free_port, median, tail, to_ms, wait_por
 REPO = Path(__file__).resolve().parent.parent
 HZ = os.sysconf("SC_CLK_TCK")
 ROWS = ["redis", "cluster"]
-MASTERS = 3
-RULES = REPO / "benches" / "rules" / "cluster"
+RULES = {"shipped": REPO / "rules", "limits": REPO / "benches" / "rules" / "cluster"}
 SCRIPT = REPO / "benches" / "wrk" / "cluster.lua"
 TOOLS = {"wrk": "wrk", "redis-server": "redis-server", "redis-cli": "redis-tools"}
 PROBE = (b'{"scene":"coupon_claim","user_id":"bench-probe","device_id":"dev-bench-probe",'
@@ -440,8 +440,11 @@ class Bench:
         self.args, self.tmp = args, tmp
         self.rules = tmp / "rules"
         self.rules.mkdir()
-        for f in RULES.glob("*.toml"):
-            shutil.copy(f, self.rules)
+        for f in RULES[args.rules].glob("*.toml"):
+            # No gateway: its per-node bucket (2000/s for coupon_claim) would answer most of
+            # the load without a store call, and the store is what is measured.
+            text = re.sub(r"(?m)^gateway = .*$", "", f.read_text())
+            (self.rules / f.name).write_text(text)
         self.stores: dict[str, Store] = {}
         self.runs = 0
 
@@ -456,7 +459,7 @@ class Bench:
         if "cluster" in self.args.rows:
             masters: list[RedisServer] = []
             self.stores["cluster"] = Store("redis_cluster", masters)
-            for p in free_cluster_ports(MASTERS):
+            for p in free_cluster_ports(self.args.masters):
                 masters.append(RedisServer(self.tmp, p, cluster=True))
             self.stores["cluster"].url = ",".join(s.url for s in masters)
             print(f"creating the cluster on ports {[s.port for s in masters]} …",
@@ -537,8 +540,8 @@ def med(rows: list[Row], f) -> float:
 def report(runs: dict[str, list[Row]], args: argparse.Namespace) -> None:
     reps = (f"; every figure the median of {args.repeat} interleaved repetitions"
             if args.repeat > 1 else "")
-    print(f"\nvigia on one Redis vs on a {MASTERS}-master Redis Cluster: scene coupon_claim "
-          f"(benches/rules/cluster), benches/wrk/cluster.lua,\nwrk -t{args.threads} "
+    print(f"\nvigia on one Redis vs on a {args.masters}-master Redis Cluster: scene coupon_claim "
+          f"({RULES[args.rules].relative_to(REPO)}, no gateway), benches/wrk/cluster.lua,\nwrk -t{args.threads} "
           f"-c{args.conns} -d{args.duration}s, {os.cpu_count()} CPUs shared by every "
           f"process{reps}")
     print("CPU in µs per check (utime + stime over the measured run / checks completed); "
@@ -617,7 +620,7 @@ def report(runs: dict[str, list[Row]], args: argparse.Namespace) -> None:
         s_us, c_us = med(single, lambda r: r.redis_us), med(clus, lambda r: r.redis_us)
         c_max = med(clus, lambda r: r.max_master_us)
         print(f"\ncluster against one Redis: Redis CPU per check {c_us:.1f} µs summed over "
-              f"{MASTERS} masters vs {s_us:.1f} µs ({c_us / s_us:.2f}×);\nthe busiest master "
+              f"{args.masters} masters vs {s_us:.1f} µs ({c_us / s_us:.2f}×);\nthe busiest master "
               f"{c_max:.1f} µs ({c_max / s_us:.2f}× one Redis), so its core ceiling is "
               f"{s_us / c_max:.2f}× one Redis's;\nEVALSHA per check "
               f"{med(clus, lambda r: sum(m.evalsha for m in r.masters)):.2f} vs "
@@ -637,6 +640,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("-c", "--conns", type=int, default=50, help="wrk connections (50)")
     p.add_argument("-t", "--threads", type=int, default=2, help="wrk threads (2)")
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated subset of: " + ", ".join(ROWS))
+    p.add_argument("--rules", choices=sorted(RULES), default="shipped",
+                   help="shipped: rules/ (limits, signals, trust, score); limits: benches/rules/cluster")
+    p.add_argument("--masters", type=int, default=3, help="masters of the cluster row (3)")
     p.add_argument("--repeat", type=int, default=1,
                    help="measure every row N times, interleaved; report medians (1)")
     p.add_argument("--no-build", action="store_true", help="use target/release/vigia as it is")
@@ -646,6 +652,8 @@ def parse_args() -> argparse.Namespace:
     if unknown or not args.rows:
         p.error(f"unknown or no rows {unknown}; known: {ROWS}")
     args.rows = [r for r in ROWS if r in args.rows]  # always in the documented order
+    if args.masters < 3:
+        p.error("--masters must be at least 3 (redis-cli --cluster create needs three)")
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
     return args

@@ -16,13 +16,19 @@
 //! admit one it should not have.
 //!
 //! Each group also keeps its own records (`<prefix>:<scene>:rq:{<entity>}`): what it
-//! reserved, for a refund or a release there. The check's first entity's group (the main
-//! group) holds the idempotency record and answers whether the request is a repeat.
+//! reserved, for a refund or a release there. For a check with limits only, the check's
+//! first entity's group (the main group) holds the idempotency record and answers whether
+//! the request is a repeat.
 //!
-//! What this decider decides today: scenes with limits only. Trust, signals and a score
-//! read facts held in other slots (whether the user is new decides what the address's
-//! signal counts); those scenes are refused at start on a cluster, and a reload that adds
-//! them answers their checks with the scene's `on_store_error`.
+//! A check with limits only runs the shaped limits scripts one Redis runs for it. A check
+//! with trust, signals or a score runs decide.lua per group (`decide_judged`): each group
+//! observes its own signals, reads the facts whose keys it holds (the user's points and
+//! age in the user's slot, the device's age in the device's) and reserves its limits
+//! against the effective max those facts give. A group whose signals or limits depend on
+//! a fact held elsewhere runs in a later round, given the fact (`cluster_layout`). The node
+//! scores all the signals with [`math`], as the embedded decider does, and a score deny
+//! or a limit deny releases every reservation. Every group keeps the request id and the
+//! idempotency key, so a repeat is known in each before anything is counted.
 
 use std::sync::Arc;
 
@@ -321,8 +327,7 @@ impl ClusterDecider {
         }
 
         // Each group's answer, once its round has run (`None`: it did not run).
-        let mut answers: Vec<Option<Result<Decided, StoreError>>> =
-            vec![None; layout.groups.len()];
+        let mut answers: Vec<Option<Result<Decided, StoreError>>> = vec![None; layout.groups.len()];
         for round in &layout.rounds {
             let calls = round.iter().map(|&i| {
                 let g = &layout.groups[i];
@@ -478,6 +483,8 @@ fn collect_all<T>(items: Vec<Option<T>>, what: &str) -> Result<Vec<T>, StoreErro
     items
         .into_iter()
         .enumerate()
-        .map(|(i, v)| v.ok_or_else(|| StoreError::Protocol(format!("no group answered {what} {i}"))))
+        .map(|(i, v)| {
+            v.ok_or_else(|| StoreError::Protocol(format!("no group answered {what} {i}")))
+        })
         .collect()
 }

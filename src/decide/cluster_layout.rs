@@ -237,3 +237,148 @@ impl Known {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::check::plan::plan;
+    use crate::check::request::parse_check;
+    use crate::keys::KeyPrefix;
+    use crate::rules::load_dir;
+
+    /// The layout of one check of `scene` under the rules in `dir`, on a cluster.
+    fn layout_of(dir: &Path, body: serde_json::Value) -> (CheckPlan, Layout) {
+        let rules = load_dir(dir).expect("rules load");
+        let req = parse_check(&rules, &body, 1_700_000_000_000).expect("a valid check");
+        let (plan, _) = plan(&KeyPrefix::tagged("lt"), &rules, &req, 86_400_000);
+        let layout = Layout::of(&plan).expect("a layout");
+        (plan, layout)
+    }
+
+    /// The tag of each group in a round, to read layouts by entity.
+    fn tags(layout: &Layout, round: &[usize]) -> Vec<String> {
+        round
+            .iter()
+            .map(|&i| {
+                let key = &layout.groups[i].place.records_key;
+                crate::keys::hash_tag(key).unwrap_or(key).to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_shipped_coupon_claim_waits_for_the_users_age_in_a_second_round() {
+        let (plan, layout) = layout_of(
+            Path::new("rules"),
+            serde_json::json!({
+                "scene": "coupon_claim", "request_id": "r1", "user_id": "10086",
+                "device_id": "dev-12345678", "ip": "203.0.113.7",
+            }),
+        );
+        assert!(layout.prelude.is_empty());
+        assert_eq!(layout.rounds.len(), 2, "{layout:#?}");
+        assert_eq!(
+            tags(&layout, &layout.rounds[0]),
+            ["uid:10086", "did:dev-12345678", "ip:203.0.113.7"]
+        );
+        assert_eq!(
+            tags(&layout, &layout.rounds[1]),
+            ["net:203.0.113.0%2F24", "coupon_claim"]
+        );
+        // The user's group reads the user's facts; the others are given them.
+        let user = &layout.groups[0];
+        assert!(user.place.main && user.holds_points && user.holds_user_seen);
+        assert_eq!(layout.homes[Fact::NewAccount.index()], Some(0));
+        for &i in &layout.rounds[1] {
+            assert_eq!(layout.groups[i].needs, [Fact::NewAccount]);
+        }
+        // Every signal and limit is in exactly one group.
+        let mut signals: Vec<usize> = layout
+            .groups
+            .iter()
+            .flat_map(|g| g.signals.clone())
+            .collect();
+        let mut limits: Vec<usize> = layout
+            .groups
+            .iter()
+            .flat_map(|g| g.limits.clone())
+            .collect();
+        signals.sort_unstable();
+        limits.sort_unstable();
+        assert_eq!(signals, (0..plan.signals.len()).collect::<Vec<_>>());
+        assert_eq!(limits, (0..plan.limits.len()).collect::<Vec<_>>());
+
+        // Given: only what a group needs, once read.
+        let mut known = Known::default();
+        let net = layout.rounds[1][0];
+        assert_eq!(layout.given(net, &known), GivenFacts::default());
+        let read = Facts {
+            points: 2,
+            new_account: Some(true),
+            new_device: None,
+        };
+        layout.learn(0, &read, &mut known);
+        assert_eq!(
+            layout.given(net, &known),
+            GivenFacts {
+                points: None,
+                new_account: Some(Some(true)),
+                new_device: None,
+            }
+        );
+        assert_eq!(known.facts(), read);
+    }
+
+    #[test]
+    fn groups_needing_each_others_facts_read_them_first_then_run_at_once() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(
+            dir.path().join("facts.toml"),
+            include_str!("../../tests/fixtures/cluster/facts.toml"),
+        )
+        .expect("rules file");
+        let (_, layout) = layout_of(
+            dir.path(),
+            serde_json::json!({
+                "scene": "facts", "request_id": "r1", "user_id": "u1",
+                "device_id": "dev-12345678", "ip": "203.0.113.7",
+            }),
+        );
+        assert_eq!(
+            layout.rounds,
+            [(0..layout.groups.len()).collect::<Vec<_>>()]
+        );
+        let homes: Vec<usize> = layout.homes.iter().flatten().copied().collect();
+        let mut prelude = layout.prelude.clone();
+        prelude.sort_unstable();
+        let mut expected = homes.clone();
+        expected.sort_unstable();
+        expected.dedup();
+        assert_eq!(prelude, expected, "the user's and the device's groups");
+        assert_eq!(
+            tags(&layout, &layout.prelude),
+            ["uid:u1", "did:dev-12345678"]
+        );
+    }
+
+    #[test]
+    fn without_a_users_keys_nothing_waits_for_an_age() {
+        // The user's age is then unknown in every group alike: nobody waits for it.
+        let (mut plan, _) = layout_of(
+            Path::new("rules"),
+            serde_json::json!({
+                "scene": "coupon_claim", "request_id": "r1", "user_id": "10086",
+                "device_id": "dev-12345678", "ip": "203.0.113.7",
+            }),
+        );
+        let trust = plan.trust.as_mut().expect("[trust]");
+        trust.points_key = None;
+        trust.user_seen_key = None;
+        let layout = Layout::of(&plan).expect("a layout");
+        assert_eq!(layout.rounds.len(), 1, "{layout:#?}");
+        assert!(layout.prelude.is_empty());
+        assert_eq!(layout.homes[Fact::NewAccount.index()], None);
+    }
+}

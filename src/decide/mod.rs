@@ -7,12 +7,15 @@
 //! request was a repeat. It never sees a rule file, and the check path never sees a key's
 //! contents.
 //!
-//! Two deciders, the same answers (one behaviour suite runs against both):
+//! Three deciders, the same answers (one behaviour suite runs against the first two; the
+//! third is held to the first's answers, check by check, in `tests/it/cluster_parity.rs`):
 //! - Redis: one EVALSHA of `lua/decide.lua` reads trust, records and counts every signal,
 //!   scores, then evaluates and records every limit all-or-nothing. Every node sharing the
 //!   Redis sees every observation.
 //! - Embedded: the sled ledger, then the behaviour actors (signals), then the embedded
 //!   window store, in that order, on this node.
+//! - Redis Cluster ([`cluster`]): decide.lua per slot group, reserving; the node scores,
+//!   decides and releases what a denied check reserved.
 //!
 //! The order inside one decision, and why:
 //! 1. **Facts**: the user's trust points (capped), whether the user and the device are new.

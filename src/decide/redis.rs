@@ -371,10 +371,8 @@ pub(super) fn invocation(sha: &str, plan: &CheckPlan, part: &Part, now: Option<u
     let limits = part.limit_indices(plan);
     let (n_signals, n_limits) = (signals.clone().count(), limits.clone().count());
     let records_key = part.records_key;
-    let n_keys = 1
-        + if trust.is_some() { TRUST_KEYS } else { 0 }
-        + KEYS_PER_SIGNAL * n_signals
-        + n_limits;
+    let n_keys =
+        1 + if trust.is_some() { TRUST_KEYS } else { 0 } + KEYS_PER_SIGNAL * n_signals + n_limits;
     let n_args = FIXED_ARGS
         + usize::from(part.idempotency_key.is_some())
         + trust.map_or(0, |_| TRUST_ARGS)
@@ -388,7 +386,11 @@ pub(super) fn invocation(sha: &str, plan: &CheckPlan, part: &Part, now: Option<u
     if let Some(t) = trust {
         cmd.arg(held(&t.points_key, part.holds_points, records_key))
             .arg(held(&t.user_seen_key, part.holds_user_seen, records_key))
-            .arg(held(&t.device_seen_key, part.holds_device_seen, records_key));
+            .arg(held(
+                &t.device_seen_key,
+                part.holds_device_seen,
+                records_key,
+            ));
     }
     for i in signals.clone() {
         let s = &plan.signals[i];
@@ -1014,9 +1016,12 @@ mod tests {
     #[test]
     fn parses_an_allow_a_deny_and_a_score_deny() {
         let p = plan();
-        let Decided::Judged(j) =
-            parse_reply(reply(&[head("allow", "0.6"), limits(false)]), &p, &Part::whole(&p)).expect("allow")
-        else {
+        let Decided::Judged(j) = parse_reply(
+            reply(&[head("allow", "0.6"), limits(false)]),
+            &p,
+            &Part::whole(&p),
+        )
+        .expect("allow") else {
             panic!("not judged")
         };
         assert_eq!(
@@ -1071,7 +1076,12 @@ mod tests {
             }
         );
 
-        let denied = parse_reply(reply(&[head("deny", "0.6"), limits(true)]), &p, &Part::whole(&p)).expect("deny");
+        let denied = parse_reply(
+            reply(&[head("deny", "0.6"), limits(true)]),
+            &p,
+            &Part::whole(&p),
+        )
+        .expect("deny");
         let Decided::Judged(Judgement {
             outcome: Outcome::Denied { limits: l },
             ..
@@ -1097,7 +1107,12 @@ mod tests {
     fn parses_a_duplicate() {
         let p = plan();
         assert_eq!(
-            parse_reply(Value::Array(vec![bulk("dup"), bulk("r0")]), &p, &Part::whole(&p)).expect("dup"),
+            parse_reply(
+                Value::Array(vec![bulk("dup"), bulk("r0")]),
+                &p,
+                &Part::whole(&p)
+            )
+            .expect("dup"),
             Decided::Duplicate { of: "r0".into() }
         );
     }

@@ -305,7 +305,10 @@ async fn three_nodes_on_a_cluster_share_signals_trust_and_refunds_under_the_ship
         .and_then(|l| l.iter().find(|l| l["name"] == "user_1d"))
         .cloned()
         .unwrap_or_else(|| panic!("user_1d in {body}"));
-    assert_eq!((user_1d["max"].clone(), user_1d["count"].clone()), (json!(4), json!(1)));
+    assert_eq!(
+        (user_1d["max"].clone(), user_1d["count"].clone()),
+        (json!(4), json!(1))
+    );
 
     // The payer's next claim within 10 s is user_10s's; refunded on node 2, it is not.
     let again = json!({
@@ -313,7 +316,11 @@ async fn three_nodes_on_a_cluster_share_signals_trust_and_refunds_under_the_ship
         "device_id": "payer-phone-01", "ip": "198.51.100.7", "user_created_at": old,
     });
     let (status, body) = nodes[0].check(&again).await;
-    assert_eq!((status, body["reason"].clone()), (429, json!("user_10s")), "{body}");
+    assert_eq!(
+        (status, body["reason"].clone()),
+        (429, json!("user_10s")),
+        "{body}"
+    );
     let resp = nodes[2]
         .client
         .post(format!("{}/v1/refund", nodes[2].base))
@@ -325,7 +332,11 @@ async fn three_nodes_on_a_cluster_share_signals_trust_and_refunds_under_the_ship
     let refunded: Value = resp.json().await.expect("refund answer");
     assert_eq!(refunded["refunded"], true, "{refunded}");
     let (status, body) = nodes[0].check(&again).await;
-    assert_eq!((status, body["decision"].clone()), (200, json!("allow")), "{body}");
+    assert_eq!(
+        (status, body["decision"].clone()),
+        (200, json!("allow")),
+        "{body}"
+    );
 }
 
 /// Every key a check of the shipped `coupon_claim` scene touches, on a cluster, lands in

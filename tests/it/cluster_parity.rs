@@ -226,7 +226,10 @@ async fn compare(rules_dir: &Path, scene: &str, n: usize, seed: u64) -> Seen {
                 expires_at_ms: t + DAY,
             };
             one.ledger.award(&award).await.expect("award on one Redis");
-            many.ledger.award(&award).await.expect("award on the cluster");
+            many.ledger
+                .award(&award)
+                .await
+                .expect("award on the cluster");
         }
         clock.advance(match dice.roll(40) {
             0 => 11 * 60_000,
