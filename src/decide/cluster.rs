@@ -309,6 +309,7 @@ impl ClusterDecider {
                     holds_user_seen: g.holds_user_seen,
                     holds_device_seen: g.holds_device_seen,
                     given: GivenFacts::default(),
+                    trust: true,
                     score: false,
                     stamp: None,
                 };
@@ -342,6 +343,7 @@ impl ClusterDecider {
                     holds_user_seen: g.holds_user_seen,
                     holds_device_seen: g.holds_device_seen,
                     given: layout.given(i, &known),
+                    trust: g.trust,
                     score: false,
                     stamp: Some(stamp),
                 };

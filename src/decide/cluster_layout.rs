@@ -59,6 +59,11 @@ pub(super) struct ClusterGroup {
     pub holds_device_seen: bool,
     /// Facts read in another group that this one's signals or limits depend on.
     pub needs: Vec<Fact>,
+    /// Its script is sent the trust block: it reads a fact, or something in it depends
+    /// on one. Without it the script reads no points and no age, and a group that holds
+    /// no trust key and nothing depending on one answers the same for less (no 11
+    /// trust arguments, 3 stand-in keys, 2 arguments per limit).
+    pub trust: bool,
 }
 
 /// How a check runs: its groups, and the rounds (indices into `groups`) in order.
@@ -112,6 +117,7 @@ impl Layout {
                     holds_user_seen: false,
                     holds_device_seen: false,
                     needs: Vec::new(),
+                    trust: false,
                     place,
                 };
                 for &m in &g.place.members {
@@ -159,6 +165,7 @@ impl Layout {
                 .into_iter()
                 .filter(|f| wants[f.index()] && homes[f.index()].is_some_and(|h| h != i))
                 .collect();
+            g.trust = trust.is_some() && (homes.contains(&Some(i)) || wants.contains(&true));
         }
 
         let mut known = [false; 3];
@@ -294,6 +301,10 @@ mod tests {
         for &i in &layout.rounds[1] {
             assert_eq!(layout.groups[i].needs, [Fact::NewAccount]);
         }
+        // The trust block goes where a fact is read or used: not to the device's group
+        // (no rule asks a device's age) nor the address's.
+        let trusting: Vec<bool> = layout.groups.iter().map(|g| g.trust).collect();
+        assert_eq!(trusting, [true, false, false, true, true]);
         // Every signal and limit is in exactly one group.
         let mut signals: Vec<usize> = layout
             .groups

@@ -246,6 +246,9 @@ pub(super) struct Part<'a> {
     pub holds_device_seen: bool,
     /// Facts read elsewhere, sent as `=<value>` in the place of their key's flag.
     pub given: GivenFacts,
+    /// Send the trust block (when the plan has one): without it the script reads no
+    /// fact (no points, ages unknown) and holds every limit to its base max.
+    pub trust: bool,
     /// Send the score's block: the script scores and may deny on it. A slot group does
     /// not (it sees only its own signals); the node scores.
     pub score: bool,
@@ -273,6 +276,7 @@ impl<'a> Part<'a> {
             holds_user_seen: true,
             holds_device_seen: true,
             given: GivenFacts::default(),
+            trust: true,
             score: true,
             stamp: None,
         }
@@ -365,7 +369,7 @@ fn opt<T: ToRedisArgs>(cmd: &mut Cmd, x: Option<T>) {
 /// command's own buffer (numbers formatted in place), with no string of its own. `now`:
 /// `None` reads Redis `TIME`.
 pub(super) fn invocation(sha: &str, plan: &CheckPlan, part: &Part, now: Option<u64>) -> Cmd {
-    let trust = plan.trust.as_ref();
+    let trust = plan.trust.as_ref().filter(|_| part.trust);
     let score = plan.score.as_ref().filter(|_| part.score);
     let signals = part.signal_indices(plan);
     let limits = part.limit_indices(plan);
