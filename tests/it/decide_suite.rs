@@ -1,9 +1,11 @@
 //! One behaviour suite for every [`Decider`]: what a check learns (trust points, first
 //! sightings), what its signals count, how it scores, and how its limits hold, as a user
 //! of the service would notice them. Every case runs on the Redis decider (`lua/decide.lua`
-//! on a throwaway `redis-server` per test) and on the embedded decider (sled ledger,
+//! on a throwaway `redis-server` per test), on the cluster decider (a throwaway 3-master
+//! + 3-replica cluster per test, every limit and signal placed in a slot of its own, so
+//! one check spans many slot groups and rounds) and on the embedded decider (sled ledger,
 //! behaviour actors, embedded window store — journaled, and in memory), through
-//! [`on_every_decider!`] and the arms of [`Env`]: the two deciders give the same answers.
+//! [`on_every_decider!`] and the arms of [`Env`]: the deciders give the same answers.
 //!
 //! Cases say what a user of the service would notice. Where that cannot show what matters
 //! (a set's memory bound, what a dry run left behind) they look inside through [`Env`]'s
@@ -27,6 +29,7 @@ use vigia::behaviour::signal::SignalState;
 use vigia::behaviour::Behaviours;
 use vigia::clock::{Clock, ManualClock};
 use vigia::config::BehaviourConfig;
+use vigia::decide::cluster::ClusterDecider;
 use vigia::decide::embedded::EmbeddedDecider;
 use vigia::decide::math::{effective_max, score as math_score};
 use vigia::decide::redis::RedisDecider;
@@ -44,11 +47,12 @@ use vigia::store::redis::{record_tag, RedisStore};
 use vigia::store::{LimitState, RefundOp, WindowStore, EXPIRY_MARGIN_MS};
 use vigia::trust::{journal, Award, AwardKind, RedisLedger, SledLedger, TrustLedger};
 
-use crate::common::RedisServer;
+use crate::common::{RedisCluster, RedisServer};
 use crate::store_suite::{
     redis_evalsha_calls, redis_keys, redis_non_evalsha_script_calls, redis_pttl, redis_zcard, DAY,
     SEC, TEST_TIMEOUT_MS,
 };
+use vigia::store::breaker::{Breaker, BreakerSettings};
 
 const MIN: u64 = 60 * SEC;
 const HOUR: u64 = 60 * MIN;
@@ -403,6 +407,15 @@ enum Backend {
         /// Awards go through the trust ledger (trust_award.lua). (Boxed: a large part.)
         ledger: Box<RedisLedger>,
     },
+    /// The cluster decider on a local 3-master cluster. The suite's keys are placed for it
+    /// by [`tagged`] (each limit and signal in a slot of its own, the user's trust keys in
+    /// the user's): a check spreads over many slot groups and rounds.
+    Cluster {
+        cluster: RedisCluster,
+        store: Box<RedisStore>,
+        ledger: Box<RedisLedger>,
+        decider: Arc<ClusterDecider>,
+    },
     /// The embedded decider's three parts, as `app::open_stores` builds them, under one
     /// temporary folder.
     Embedded {
@@ -465,6 +478,38 @@ impl Env {
                 server,
                 store: Box::new(store),
                 ledger: Box::new(ledger),
+            },
+        }
+    }
+
+    async fn cluster() -> Env {
+        let cluster = RedisCluster::start();
+        let clock = ManualClock::new(t0());
+        let breaker = Arc::new(Breaker::new("redis", BreakerSettings::default(), None));
+        let store = RedisStore::connect_cluster_with(&cluster.url_list(), TEST_TIMEOUT_MS, breaker)
+            .await
+            .expect("connect")
+            .with_clock(Arc::new(clock.clone()));
+        let link = store.link();
+        let ledger = RedisLedger::new(link.clone(), &KeyPrefix::tagged(PREFIX))
+            .await
+            .expect("ledger")
+            .with_clock(Arc::new(clock.clone()));
+        assert_eq!(ledger.points_key("ann"), tagged(&points_key("ann")));
+        assert_eq!(ledger.seen_key("ann"), tagged(&user_seen_key("ann")));
+        let decider = Arc::new(
+            ClusterDecider::new(link, Some(Arc::new(clock.clone())), Metrics::new())
+                .await
+                .expect("decider"),
+        );
+        Env {
+            decider: decider.clone(),
+            clock,
+            backend: Backend::Cluster {
+                cluster,
+                store: Box::new(store),
+                ledger: Box::new(ledger),
+                decider,
             },
         }
     }
@@ -548,10 +593,24 @@ impl Env {
 
     async fn decide(&self, plan: &CheckPlan) -> Decided {
         self.note(plan);
-        self.decider
+        let placed;
+        let plan = match &self.backend {
+            Backend::Cluster { .. } => {
+                placed = placed_plan(plan);
+                &placed
+            }
+            _ => plan,
+        };
+        let decided = self
+            .decider
             .decide(plan)
             .await
-            .unwrap_or_else(|e| panic!("decide {} failed: {e}", plan.request_id))
+            .unwrap_or_else(|e| panic!("decide {} failed: {e}", plan.request_id));
+        if let Backend::Cluster { decider, .. } = &self.backend {
+            // What a denied check reserved is given back before the case looks.
+            decider.settled().await;
+        }
+        decided
     }
 
     /// Asserts the check was judged (not a repeat), and that its score is the shared
@@ -600,6 +659,7 @@ impl Env {
         };
         match &self.backend {
             Backend::Redis { ledger, .. } => ledger.award(&award).await.expect("award"),
+            Backend::Cluster { ledger, .. } => ledger.award(&award).await.expect("award"),
             Backend::Embedded { ledger, .. } => ledger.award(&award).await.expect("award"),
         }
     }
@@ -607,6 +667,14 @@ impl Env {
     async fn refund(&self, op: &RefundOp) -> bool {
         match &self.backend {
             Backend::Redis { store, .. } => store.refund(op).await.expect("refund"),
+            Backend::Cluster { store, .. } => {
+                let op = RefundOp {
+                    records_key: tagged(&op.records_key),
+                    keys: op.keys.iter().map(|k| tagged(k)).collect(),
+                    ..op.clone()
+                };
+                store.refund(&op).await.expect("refund")
+            }
             Backend::Embedded { windows, .. } => windows.refund(op).await.expect("refund"),
         }
     }
@@ -620,6 +688,13 @@ impl Env {
             Backend::Redis { server, .. } => redis_keys(server)
                 .into_iter()
                 .filter(|k| !is_signal_or_trust_key(k))
+                .collect(),
+            // The records of the groups but the main one are the cluster's own: a single
+            // Redis has none.
+            Backend::Cluster { cluster, .. } => cluster_keys(cluster)
+                .iter()
+                .map(|k| untagged(k))
+                .filter(|k| !is_signal_or_trust_key(k) && !is_group_records(k))
                 .collect(),
             Backend::Embedded { windows, .. } => windows.keys().into_iter().collect(),
         }
@@ -639,6 +714,18 @@ impl Env {
                 redis_record(server, id, now).is_some()
                     || redis_record(server, id, now - HOUR).is_some()
             }
+            Backend::Cluster { cluster, .. } => {
+                let now = self.clock.now_ms();
+                [now, now - HOUR].into_iter().any(|at| {
+                    let hash = format!("{}:{}", tagged(&records_key()), at / HOUR);
+                    redis::cmd("HGET")
+                        .arg(hash)
+                        .arg(id)
+                        .query::<Option<String>>(&mut cluster.conn())
+                        .expect("HGET")
+                        .is_some()
+                })
+            }
             Backend::Embedded { .. } => self.exists(&record_key(id)),
         }
     }
@@ -647,6 +734,7 @@ impl Env {
     fn members(&self, key: &str) -> u64 {
         match &self.backend {
             Backend::Redis { server, .. } => redis_zcard(server, key),
+            Backend::Cluster { cluster, .. } => cluster_query(cluster, "ZCARD", key),
             Backend::Embedded { windows, .. } => {
                 windows.inspect(key).map_or(0, |info| info.weight as u64)
             }
@@ -657,6 +745,9 @@ impl Env {
     fn window_ttl_ms(&self, key: &str) -> Option<u64> {
         match &self.backend {
             Backend::Redis { server, .. } => u64::try_from(redis_pttl(server, key)).ok(),
+            Backend::Cluster { cluster, .. } => {
+                u64::try_from(cluster_query::<i64>(cluster, "PTTL", key)).ok()
+            }
             Backend::Embedded { windows, .. } => windows.inspect(key).map(|info| info.ttl_ms),
         }
     }
@@ -678,6 +769,9 @@ impl Env {
     async fn signal_members(&self, name: &str) -> u64 {
         match &self.backend {
             Backend::Redis { server, .. } => redis_zcard(server, &format!("{SCENE}:sg:{name}")),
+            Backend::Cluster { cluster, .. } => {
+                cluster_query(cluster, "ZCARD", &format!("{SCENE}:sg:{name}"))
+            }
             Backend::Embedded { behaviours, .. } => Self::signal_state(behaviours, name)
                 .await
                 .map_or(0, |s| s.len() as u64),
@@ -688,6 +782,9 @@ impl Env {
     async fn all_members(&self, name: &str) -> u64 {
         match &self.backend {
             Backend::Redis { server, .. } => redis_zcard(server, &format!("{SCENE}:sa:{name}")),
+            Backend::Cluster { cluster, .. } => {
+                cluster_query(cluster, "ZCARD", &format!("{SCENE}:sa:{name}"))
+            }
             Backend::Embedded { behaviours, .. } => Self::signal_state(behaviours, name)
                 .await
                 .map_or(0, |s| s.all_len() as u64),
@@ -699,6 +796,9 @@ impl Env {
         match &self.backend {
             Backend::Redis { server, .. } => redis_get(server, &user_seen_key(user))
                 .map(|v| v.parse().expect("a sighting is unix ms")),
+            Backend::Cluster { cluster, .. } => {
+                cluster_query::<Option<u64>>(cluster, "GET", &user_seen_key(user))
+            }
             Backend::Embedded { ledger, .. } => {
                 ledger.user_seen(user, false, self.now()).expect("read")
             }
@@ -710,6 +810,9 @@ impl Env {
         match &self.backend {
             Backend::Redis { server, .. } => redis_get(server, &device_seen_key(device))
                 .map(|v| v.parse().expect("a sighting is unix ms")),
+            Backend::Cluster { cluster, .. } => {
+                cluster_query::<Option<u64>>(cluster, "GET", &device_seen_key(device))
+            }
             Backend::Embedded { ledger, .. } => {
                 ledger.device_seen(device, false, self.now()).expect("read")
             }
@@ -720,6 +823,16 @@ impl Env {
     /// can tell later whether anything refreshed one. Embedded: nothing to do, the
     /// snapshot holds every expiry as a time on the manual clock.
     fn freeze_ttls(&self) {
+        if let Backend::Cluster { cluster, .. } = &self.backend {
+            let mut conn = cluster.conn();
+            for key in cluster_keys(cluster) {
+                let _: i64 = redis::cmd("PEXPIRE")
+                    .arg(&key)
+                    .arg(FROZEN_TTL_MS)
+                    .query(&mut conn)
+                    .expect("PEXPIRE");
+            }
+        }
         if let Backend::Redis { server, .. } = &self.backend {
             let mut conn = server.conn();
             for key in redis_keys(server) {
@@ -735,6 +848,17 @@ impl Env {
     /// Redis: no key's expiry was set since [`Env::freeze_ttls`] (a test runs in well
     /// under 2 s). Embedded: [`Env::snapshot`] compares the expiries.
     fn assert_ttls_frozen(&self, what: &str) {
+        if let Backend::Cluster { cluster, .. } = &self.backend {
+            let mut conn = cluster.conn();
+            for key in cluster_keys(cluster) {
+                let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).expect("PTTL");
+                let ttl = u64::try_from(ttl).unwrap_or(0);
+                assert!(
+                    ttl <= FROZEN_TTL_MS && ttl + 2 * SEC > FROZEN_TTL_MS,
+                    "{what} set the expiry of {key} (PTTL {ttl})"
+                );
+            }
+        }
         if let Backend::Redis { server, .. } = &self.backend {
             for key in redis_keys(server) {
                 let ttl = u64::try_from(redis_pttl(server, &key)).unwrap_or(0);
@@ -752,6 +876,7 @@ impl Env {
     async fn snapshot(&self) -> BTreeMap<String, String> {
         match &self.backend {
             Backend::Redis { server, .. } => redis_snapshot(server),
+            Backend::Cluster { cluster, .. } => cluster_snapshot(cluster),
             Backend::Embedded {
                 windows,
                 behaviours,
@@ -795,9 +920,139 @@ impl Env {
     fn server(&self) -> &RedisServer {
         match &self.backend {
             Backend::Redis { server, .. } => server,
-            Backend::Embedded { .. } => panic!("a Redis-only case on the embedded decider"),
+            Backend::Embedded { .. } | Backend::Cluster { .. } => {
+                panic!("a Redis-only case on another decider")
+            }
         }
     }
+}
+
+/// A suite key as the cluster arm places it: each limit and signal in a slot of its own
+/// (`vg:t:{l:uid:ann}`, `vg:t:sg:{s:upd:d1}`, the signal's `sa`/`sl` keys with it), the
+/// user's trust keys in the user's (`vg:trust-points:{uid:ann}`, as the ledger names
+/// them), the scene's records tagged by the scene (`vg:{t}:rq:all`).
+fn tagged(key: &str) -> String {
+    // The scene's records key, and its hashes (`…:<generation>`).
+    if let Some(rest) = key.strip_prefix(&records_key()) {
+        return format!("{PREFIX}:{{t}}:rq:all{rest}");
+    }
+    for kind in ["trust-points", "user-seen", "device-seen"] {
+        if let Some(rest) = key.strip_prefix(&format!("{PREFIX}:{kind}:")) {
+            return format!("{PREFIX}:{kind}:{{{rest}}}");
+        }
+    }
+    for kind in ["sg", "sa", "sl"] {
+        if let Some(rest) = key.strip_prefix(&format!("{SCENE}:{kind}:")) {
+            return format!("{SCENE}:{kind}:{{s:{rest}}}");
+        }
+    }
+    match key.strip_prefix(&format!("{SCENE}:")) {
+        Some(rest) if !rest.starts_with("idem:") && !rest.starts_with("req:") => {
+            format!("{SCENE}:{{l:{rest}}}")
+        }
+        _ => key.to_string(),
+    }
+}
+
+/// The suite's name of a key [`tagged`] placed (or of a records hash beside one).
+fn untagged(key: &str) -> String {
+    key.replace("{s:", "")
+        .replace("{l:", "")
+        .replace(['{', '}'], "")
+}
+
+/// A records hash of a slot group other than the scene's (the cluster's own bookkeeping).
+fn is_group_records(key: &str) -> bool {
+    key.starts_with(&format!("{SCENE}:rq:")) && !key.starts_with(&records_key())
+}
+
+/// `plan` with every key [`tagged`].
+fn placed_plan(plan: &CheckPlan) -> CheckPlan {
+    let mut p = plan.clone();
+    p.records_key = tagged(&p.records_key);
+    if let Some(t) = p.trust.as_mut() {
+        for key in [
+            &mut t.points_key,
+            &mut t.user_seen_key,
+            &mut t.device_seen_key,
+        ] {
+            if let Some(k) = key.as_mut() {
+                *k = tagged(k);
+            }
+        }
+    }
+    for s in &mut p.signals {
+        s.key = tagged(&s.key);
+        for key in [&mut s.all_key, &mut s.last_key] {
+            if let Some(k) = key.as_mut() {
+                *k = tagged(k);
+            }
+        }
+    }
+    for l in &mut p.limits {
+        l.key = tagged(&l.key);
+    }
+    p
+}
+
+/// One command on the suite key `key` ([`tagged`]), routed to its master.
+fn cluster_query<T: redis::FromRedisValue>(cluster: &RedisCluster, cmd: &str, key: &str) -> T {
+    redis::cmd(cmd)
+        .arg(tagged(key))
+        .query(&mut cluster.conn())
+        .unwrap_or_else(|e| panic!("{cmd} {key}: {e}"))
+}
+
+/// Every key on every master.
+fn cluster_keys(cluster: &RedisCluster) -> Vec<String> {
+    let urls = cluster.url_list();
+    let mut keys = Vec::new();
+    for i in cluster.masters() {
+        let mut conn = redis::Client::open(urls[i].as_str())
+            .and_then(|c| c.get_connection())
+            .expect("a master");
+        let mut some: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).expect("KEYS");
+        keys.append(&mut some);
+    }
+    keys.sort();
+    keys
+}
+
+/// Every key of the cluster and its whole content.
+fn cluster_snapshot(cluster: &RedisCluster) -> BTreeMap<String, String> {
+    let mut conn = cluster.conn();
+    cluster_keys(cluster)
+        .into_iter()
+        .map(|key| {
+            let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).expect("TYPE");
+            let content = match kind.as_str() {
+                "string" => {
+                    let v: Option<String> =
+                        redis::cmd("GET").arg(&key).query(&mut conn).expect("GET");
+                    format!("{v:?}")
+                }
+                "zset" => {
+                    let m: Vec<(String, String)> = redis::cmd("ZRANGE")
+                        .arg(&key)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES")
+                        .query(&mut conn)
+                        .expect("ZRANGE");
+                    format!("{m:?}")
+                }
+                "hash" => {
+                    let h: BTreeMap<String, String> = redis::cmd("HGETALL")
+                        .arg(&key)
+                        .query(&mut conn)
+                        .expect("HGETALL");
+                    format!("{h:?}")
+                }
+                other => format!("a {other}"),
+            };
+            (key, format!("{kind} {content}"))
+        })
+        .collect()
 }
 
 /// Keys of signals (`sg`, `sa`, `sl`) and of trust (points, sightings).
@@ -851,14 +1106,18 @@ fn redis_snapshot(server: &RedisServer) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Defines each case on every decider: `on_redis::NAME` (`lua/decide.lua`), and the
-/// embedded decider on the journaled window store (`on_embedded::NAME`, the service's)
+/// Defines each case on every decider: `on_redis::NAME` (`lua/decide.lua`),
+/// `on_cluster::NAME` (`decide::cluster`), and the embedded decider on the journaled window store (`on_embedded::NAME`, the service's)
 /// and on the in-memory one (`on_in_memory::NAME`, `vigia simulate`'s).
 macro_rules! on_every_decider {
     ($( $(#[$meta:meta])* async fn $name:ident($env:ident: Env) $body:block )*) => {
         mod on_redis {
             use super::*;
             $( $(#[$meta])* async fn $name() { let $env = Env::redis().await; $body } )*
+        }
+        mod on_cluster {
+            use super::*;
+            $( $(#[$meta])* async fn $name() { let $env = Env::cluster().await; $body } )*
         }
         mod on_embedded {
             use super::*;
@@ -1990,7 +2249,7 @@ fn expiry_bounds(env: &Env) -> BTreeMap<String, u64> {
     ]
     .into_iter()
     .collect();
-    if matches!(env.backend, Backend::Redis { .. }) {
+    if matches!(env.backend, Backend::Redis { .. } | Backend::Cluster { .. }) {
         // The records of all six, in the hash of the hour they fell in: kept until the end
         // of the next hour (lua/limits.lua).
         bound.insert(format!("{}:{}", records_key(), t0() / HOUR), 2 * HOUR + m);
