@@ -1,8 +1,8 @@
 //! One behaviour suite for every [`Decider`]: what a check learns (trust points, first
 //! sightings), what its signals count, how it scores, and how its limits hold, as a user
 //! of the service would notice them. Every case runs on the Redis decider (`lua/decide.lua`
-//! on a throwaway `redis-server` per test), on the cluster decider (a throwaway 3-master
-//! + 3-replica cluster per test, every limit and signal placed in a slot of its own, so
+//! on a throwaway `redis-server` per test), on the cluster decider (a throwaway cluster of
+//! 3 masters and 3 replicas per test, every limit and signal placed in a slot of its own, so
 //! one check spans many slot groups and rounds) and on the embedded decider (sled ledger,
 //! behaviour actors, embedded window store — journaled, and in memory), through
 //! [`on_every_decider!`] and the arms of [`Env`]: the deciders give the same answers.
