@@ -48,7 +48,9 @@ then, with [trust], 11:
                is real (there is a device) -- on Redis Cluster each of the three may
                instead be "=<value>": the fact is given, read by another slot group's
                script (points; new_account 1, 0 or -1; new_device 1, 0 or -1), and its
-               key is a stand-in; then user_created_at (unix ms, or ""), how long a
+               key is a stand-in; the user's may also be "u": a user is named and
+               new_account is reckoned here from user_created_at (its key is a stand-in,
+               no sighting is read); then user_created_at (unix ms, or ""), how long a
                sighting is kept after the last one (ms), max_points, bonus_per_point,
                discount_per_point (float), new_account.younger_than (ms, or "" without
                [trust].new_account), new_account.max_factor (float, or ""),
@@ -91,10 +93,11 @@ Facts:
   points     sum of the leading integer of each member ("<points>:<type>:<event_id>") of
              the points ZSET whose score (expiry, ms) is > now; a real check trims the
              rest first.
-  user age   known with [trust].new_account and a user (a real points or sighting key): born =
-             user_created_at if given, else the first sighting (read, or now when there
-             is none; a real check records it, or refreshes its TTL). young = now - born
-             < younger_than. Unknown without a born (no created_at and no sighting key).
+  user age   known with [trust].new_account and a user (a real points or sighting key, or
+             "u"): born = user_created_at if given, else the first sighting (read, or now
+             when there is none; a real check records it, or refreshes its TTL). young =
+             now - born < younger_than. Unknown without a born (no created_at and no
+             sighting key).
   device age the same with the device's sighting and new_device.younger_than.
 
 Signals (value: what is counted in the window, this request included, at most cap; a
@@ -199,10 +202,10 @@ local COUNTS = {
   users = true, devices = true, ips = true, nets = true, requests = true, user_switches = true,
 }
 
--- A fact given as "=<value>" (see the header); nil for a key flag ("1", "0").
+-- A fact given as "=<value>" (see the header); nil for a key flag ("1", "0", "u").
 local function given(i)
   local v = ARGV[i]
-  if v == '1' or v == '0' then
+  if v == '1' or v == '0' or v == 'u' then
     return nil
   end
   local x = tonumber(string.match(v or '', '^=(-?%d+)$'))
@@ -236,6 +239,8 @@ if has_trust then
   trust = {
     has_points = ARGV[a] == '1',
     has_user_seen = ARGV[a + 1] == '1',
+    -- Redis Cluster: the user's keys are in another slot, its age is reckoned here.
+    user_named = ARGV[a + 1] == 'u',
     has_device_seen = ARGV[a + 2] == '1',
     user_created = opt(a + 3, 'user_created_ms'),
     seen_ttl = math.max(num(a + 4, 'seen_ttl_ms') or 1, 1),
@@ -481,7 +486,7 @@ if trust then
     points = math.min(points, trust.max_points)
   end
 
-  local has_user = trust.has_points or trust.has_user_seen
+  local has_user = trust.has_points or trust.has_user_seen or trust.user_named
   if trust.given_na then
     new_account = trust.given_na
   elseif trust.na_younger and has_user then

@@ -10,7 +10,9 @@
 //! foreign fact (the facts' own groups among them, as their script reads them anyway);
 //! the next, the groups whose facts are now known, given those facts as arguments. The
 //! shipped coupon_claim takes two: the user, device and address groups, then the network
-//! and the scene-wide groups, whose new-account signals need the user's age.
+//! and the scene-wide groups, whose new-account signals need the user's age. Unless the
+//! request gives `user_created_at`: the age is then that date's, and a group that needs
+//! it reckons it itself, in the first round (one round trip for the shipped scene).
 //!
 //! When no group can go first (the user's group needs the device's age and the device's
 //! group the user's), a prelude reads the facts in a dry run (writing nothing), and every
@@ -59,6 +61,9 @@ pub(super) struct ClusterGroup {
     pub holds_device_seen: bool,
     /// Facts read in another group that this one's signals or limits depend on.
     pub needs: Vec<Fact>,
+    /// It depends on the user's age, held in another slot, and the request gave the
+    /// user's creation date: it reckons the age itself (no need, no later round).
+    pub age_from_created: bool,
     /// Its script is sent the trust block: it reads a fact, or something in it depends
     /// on one. Without it the script reads no points and no age, and a group that holds
     /// no trust key and nothing depending on one answers the same for less (no 11
@@ -117,6 +122,7 @@ impl Layout {
                     holds_user_seen: false,
                     holds_device_seen: false,
                     needs: Vec::new(),
+                    age_from_created: false,
                     trust: false,
                     place,
                 };
@@ -149,6 +155,7 @@ impl Layout {
                 ]
             }
         };
+        let age_given = trust.is_some_and(|t| t.user_created_ms.is_some());
         for (i, g) in groups.iter_mut().enumerate() {
             let mut wants = [false; 3];
             for f in g.signals.iter().filter_map(|&s| plan.signals[s].filter) {
@@ -161,9 +168,13 @@ impl Layout {
                 wants[Fact::NewAccount.index()] |= l.per_user;
                 wants[Fact::Points.index()] |= l.trust_bonus;
             }
+            let foreign = |f: Fact| wants[f.index()] && homes[f.index()].is_some_and(|h| h != i);
+            // A creation date in the request makes the user's age a sum anyone can do:
+            // born = user_created_at, no sighting is read (as the user's slot does).
+            g.age_from_created = foreign(Fact::NewAccount) && age_given;
             g.needs = Fact::ALL
                 .into_iter()
-                .filter(|f| wants[f.index()] && homes[f.index()].is_some_and(|h| h != i))
+                .filter(|&f| foreign(f) && !(f == Fact::NewAccount && age_given))
                 .collect();
             g.trust = trust.is_some() && (homes.contains(&Some(i)) || wants.contains(&true));
         }
@@ -209,6 +220,7 @@ impl Layout {
             points: facts.points.filter(|_| needs(Fact::Points)),
             new_account: facts.new_account.filter(|_| needs(Fact::NewAccount)),
             new_device: facts.new_device.filter(|_| needs(Fact::NewDevice)),
+            age_from_created: g.age_from_created,
         }
     }
 
@@ -337,6 +349,7 @@ mod tests {
                 points: None,
                 new_account: Some(Some(true)),
                 new_device: None,
+                age_from_created: false,
             }
         );
         assert_eq!(known.facts(), read);
@@ -391,5 +404,27 @@ mod tests {
         assert_eq!(layout.rounds.len(), 1, "{layout:#?}");
         assert!(layout.prelude.is_empty());
         assert_eq!(layout.homes[Fact::NewAccount.index()], None);
+    }
+
+    #[test]
+    fn a_creation_date_in_the_request_lets_every_group_run_in_one_round() {
+        let (_, layout) = layout_of(
+            Path::new("rules"),
+            serde_json::json!({
+                "scene": "coupon_claim", "request_id": "r1", "user_id": "10086",
+                "device_id": "dev-12345678", "ip": "203.0.113.7",
+                "user_created_at": "2026-01-01T00:00:00Z",
+            }),
+        );
+        assert!(layout.prelude.is_empty());
+        assert_eq!(layout.rounds.len(), 1, "{layout:#?}");
+        // The network's and the scene's groups reckon the age themselves; the user's
+        // group still reads it (and reports it).
+        assert_eq!(layout.homes[Fact::NewAccount.index()], Some(0));
+        let reckoning: Vec<bool> = layout.groups.iter().map(|g| g.age_from_created).collect();
+        assert_eq!(reckoning, [false, false, false, true, true]);
+        assert!(layout.groups.iter().all(|g| g.needs.is_empty()));
+        let given = layout.given(3, &Known::default());
+        assert!(given.age_from_created && given.new_account.is_none());
     }
 }

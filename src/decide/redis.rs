@@ -262,6 +262,10 @@ pub(super) struct GivenFacts {
     pub points: Option<u32>,
     pub new_account: Option<Option<bool>>,
     pub new_device: Option<Option<bool>>,
+    /// The user's keys are in another slot, but the request gave `user_created_at`: the
+    /// script reckons the user's age from it on its own master's clock, in the same
+    /// round as the user's slot, rather than waiting to be given it.
+    pub age_from_created: bool,
 }
 
 impl<'a> Part<'a> {
@@ -428,11 +432,17 @@ pub(super) fn invocation(sha: &str, plan: &CheckPlan, part: &Part, now: Option<u
             g.points.map(i64::from),
             part.holds_points && t.points_key.is_some(),
         );
-        fact_flag(
-            &mut cmd,
-            g.new_account.map(tristate),
-            part.holds_user_seen && t.user_seen_key.is_some(),
-        );
+        match g.new_account {
+            // The user's slot is elsewhere; its age follows from user_created_at here.
+            None if g.age_from_created => {
+                cmd.arg("u");
+            }
+            given => fact_flag(
+                &mut cmd,
+                given.map(tristate),
+                part.holds_user_seen && t.user_seen_key.is_some(),
+            ),
+        }
         fact_flag(
             &mut cmd,
             g.new_device.map(tristate),

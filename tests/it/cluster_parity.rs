@@ -162,8 +162,8 @@ async fn compare(rules_dir: &Path, scene: &str, n: usize, seed: u64) -> Seen {
     let mut dice = Dice(seed);
     let mut sent: Vec<Value> = Vec::new();
     let mut seen = Seen::default();
-    let old = |t: u64| {
-        chrono::DateTime::from_timestamp_millis((t - 90 * DAY) as i64)
+    let at = |t: u64| {
+        chrono::DateTime::from_timestamp_millis(t as i64)
             .expect("a date")
             .to_rfc3339()
     };
@@ -178,12 +178,21 @@ async fn compare(rules_dir: &Path, scene: &str, n: usize, seed: u64) -> Seen {
                 b["request_id"] = json!(format!("retry-{i}"));
                 b
             }
-            // The farm: new accounts rotating on one device, from one network.
-            3..=8 => json!({
-                "user_id": format!("farm-{}", dice.roll(30)),
-                "device_id": "farm-device-01",
-                "ip": format!("203.0.113.{}", dice.roll(4)),
-            }),
+            // The farm: new accounts rotating on one device, from one network; a third
+            // of them say they were created an hour ago (their age is then reckoned in
+            // every slot that needs it, in one round).
+            3..=8 => {
+                let u = dice.roll(30);
+                let mut b = json!({
+                    "user_id": format!("farm-{u}"),
+                    "device_id": "farm-device-01",
+                    "ip": format!("203.0.113.{}", dice.roll(4)),
+                });
+                if u % 3 == 0 {
+                    b["user_created_at"] = json!(at(t - HOUR));
+                }
+                b
+            }
             // Honest users: their own device, addresses spread over a few networks;
             // half of them say when they were created.
             _ => {
@@ -194,7 +203,7 @@ async fn compare(rules_dir: &Path, scene: &str, n: usize, seed: u64) -> Seen {
                     "ip": format!("198.51.{}.{}", 100 + u % 3, u),
                 });
                 if u % 2 == 0 {
-                    b["user_created_at"] = json!(old(t));
+                    b["user_created_at"] = json!(at(t - 90 * DAY));
                 }
                 b
             }
@@ -241,7 +250,8 @@ async fn compare(rules_dir: &Path, scene: &str, n: usize, seed: u64) -> Seen {
 }
 
 /// The shipped coupon_claim: five slot groups, two rounds (the network's and the scene's
-/// new-account signals wait for the user's age).
+/// new-account signals wait for the user's age), one when the request gives the user's
+/// creation date.
 #[actix_web::test]
 async fn the_cluster_decides_the_shipped_coupon_claim_as_one_redis_does() {
     let seen = compare(Path::new("rules"), "coupon_claim", 400, 7).await;
