@@ -15,7 +15,9 @@ Rows, in this order (default: both):
 limits, six signals, [trust] and score. On the cluster every key is hash-tagged by its
 entity, so one check touches five slot groups (the user's, the device's, the address's,
 the network's and the scene's); the network's and the scene's new-account signals need the
-user's age, read in the user's group, so they run in a second round. --rules limits is
+user's age. Nine requests in ten give user_created_at: every group then runs in one round,
+reckoning the age from that date; the tenth wait for the age the user's group reads, in a
+second round. --rules limits is
 benches/rules/cluster/coupon_claim.toml: the same four limits alone (three groups, one
 round, the cheaper limits-only scripts). The load is benches/wrk/cluster.lua: users and
 devices from pools of 100k, addresses from 10k.

@@ -1020,15 +1020,17 @@ fn cluster_keys(cluster: &RedisCluster) -> Vec<String> {
 
 /// Every key of the cluster and its whole content.
 fn cluster_snapshot(cluster: &RedisCluster) -> BTreeMap<String, String> {
-    let mut conn = cluster.conn();
-    cluster_keys(cluster)
-        .into_iter()
+    snapshot(&mut cluster.conn(), cluster_keys(cluster))
+}
+
+/// Each of `keys` and its whole content, read on `conn`.
+fn snapshot(conn: &mut impl redis::ConnectionLike, keys: Vec<String>) -> BTreeMap<String, String> {
+    keys.into_iter()
         .map(|key| {
-            let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).expect("TYPE");
+            let kind: String = redis::cmd("TYPE").arg(&key).query(conn).expect("TYPE");
             let content = match kind.as_str() {
                 "string" => {
-                    let v: Option<String> =
-                        redis::cmd("GET").arg(&key).query(&mut conn).expect("GET");
+                    let v: Option<String> = redis::cmd("GET").arg(&key).query(conn).expect("GET");
                     format!("{v:?}")
                 }
                 "zset" => {
@@ -1037,14 +1039,14 @@ fn cluster_snapshot(cluster: &RedisCluster) -> BTreeMap<String, String> {
                         .arg(0)
                         .arg(-1)
                         .arg("WITHSCORES")
-                        .query(&mut conn)
+                        .query(conn)
                         .expect("ZRANGE");
                     format!("{m:?}")
                 }
                 "hash" => {
                     let h: BTreeMap<String, String> = redis::cmd("HGETALL")
                         .arg(&key)
-                        .query(&mut conn)
+                        .query(conn)
                         .expect("HGETALL");
                     format!("{h:?}")
                 }
@@ -1075,35 +1077,7 @@ fn redis_get(server: &RedisServer, key: &str) -> Option<String> {
 
 /// Every key and its whole content.
 fn redis_snapshot(server: &RedisServer) -> BTreeMap<String, String> {
-    let mut conn = server.conn();
-    redis_keys(server)
-        .into_iter()
-        .map(|key| {
-            let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).expect("TYPE");
-            let content = match kind.as_str() {
-                "string" => format!("{:?}", redis_get(server, &key)),
-                "zset" => {
-                    let m: Vec<(String, String)> = redis::cmd("ZRANGE")
-                        .arg(&key)
-                        .arg(0)
-                        .arg(-1)
-                        .arg("WITHSCORES")
-                        .query(&mut conn)
-                        .expect("ZRANGE");
-                    format!("{m:?}")
-                }
-                "hash" => {
-                    let h: BTreeMap<String, String> = redis::cmd("HGETALL")
-                        .arg(&key)
-                        .query(&mut conn)
-                        .expect("HGETALL");
-                    format!("{h:?}")
-                }
-                other => format!("a {other}"),
-            };
-            (key, format!("{kind} {content}"))
-        })
-        .collect()
+    snapshot(&mut server.conn(), redis_keys(server))
 }
 
 /// Defines each case on every decider: `on_redis::NAME` (`lua/decide.lua`),
