@@ -178,8 +178,9 @@ async fn three_nodes_on_a_cluster_never_admit_past_a_limit_and_give_back_what_de
     burst_admits_exactly_the_limit(LIMITS).await;
 }
 
-/// The same with [trust], signals and a score in the scene: decide.lua per slot group, the
-/// address's group in a second round (it needs the user's points).
+/// The same with [trust], signals, a score and an address override in the scene:
+/// decide.lua per slot group, the address's group in a second round (it needs the user's
+/// points), its bucket held to the override's max.
 #[actix_web::test]
 async fn with_trust_and_signals_three_nodes_on_a_cluster_never_admit_past_a_limit() {
     burst_admits_exactly_the_limit(include_str!("../fixtures/cluster/judged.toml")).await;
