@@ -214,7 +214,7 @@ async fn drive(decider: &RedisDecider, rules: &RuleSet, tag: &str, n: u64) -> Co
         .buffer_unordered(IN_FLIGHT)
         .fold(Counts::default(), |mut c, r| async move {
             match r {
-                Ok(Decided::Duplicate { .. }) => c.dup += 1,
+                Ok(Decided::Duplicate { .. } | Decided::Held { .. }) => c.dup += 1,
                 Ok(Decided::Judged(j)) => match j.outcome {
                     Outcome::Allowed { .. } => c.allowed += 1,
                     Outcome::Denied { .. } => c.denied += 1,

@@ -39,6 +39,8 @@ Reply, a flat array:
   {"allow", "", n, count_1, exceeded_1, retry_after_ms_1, ..., count_n, exceeded_n, retry_after_ms_n}
   {"deny",  "", n, ...same triples...}
   {"dup",   <request id that was counted>, 0}
+  {"held",  <request id>, 0}: as "dup", but its record is a reservation not yet decided
+           (Redis Cluster: another attempt is in flight, or was denied and not yet released)
   count: allow -> the count including this request; deny -> the count before it.
   Token buckets report tokens spent (capacity minus tokens left, rounded up).
   exceeded: 1 or 0. retry_after_ms: ms until that limit admits one more (0 when not exceeded).
@@ -84,9 +86,9 @@ if now == nil then
   return redis.error_reply('check.lua: now (ARGV[5]) is not a number')
 end
 
-local first = counted_before(KEYS[1], record_ttl, now, request_id, by_id, idem_field)
+local first, held = counted_before(KEYS[1], record_ttl, now, request_id, by_id, idem_field)
 if first then
-  return {'dup', first, 0}
+  return {held and 'held' or 'dup', first, 0}
 end
 
 local function reply(kind, use_after)

@@ -74,6 +74,8 @@ shortest round-trip form); integers as plain decimal.
 
 Reply, a flat array:
   {"dup", <request id that was counted>}
+  {"held", <request id>}: as "dup", but its record is a reservation not yet decided (Redis
+          Cluster: another attempt in flight, or denied and not yet released)
   {"judged", outcome, score, points, new_account, new_device,
    S, applies_1, value_1, share_1, fired_1, ..., applies_S, value_S, share_S, fired_S,
    n, applies_1, max_1, count_1, exceeded_1, retry_after_ms_1, ..., (5 per limit)}
@@ -357,9 +359,9 @@ if now == nil then
 end
 
 -- The same request id twice counts once; the same idempotency key names the first request.
-local first = counted_before(KEYS[1], record_ttl, now, request_id, by_id, idem_field)
+local first, held = counted_before(KEYS[1], record_ttl, now, request_id, by_id, idem_field)
 if first then
-  return { 'dup', first }
+  return { held and 'held' or 'dup', first }
 end
 
 -- ---------------------------------------------------------------------------------------

@@ -95,27 +95,40 @@ local function records_hash(records_key, g)
 end
 
 -- The same request id twice counts once; the same idempotency key names the first request.
--- Returns the request id that was counted, or nil when this request is new. by_id: false
--- when the service made the request id for this check (a fresh ULID cannot have been
--- counted: no lookup). idem_field: "i:<key>", nil when the check carries no idempotency
--- key. record_ttl: the generation's length.
+-- Returns the request id that was counted, or nil when this request is new, and whether
+-- its record is still a reservation (Redis Cluster: it ends in ".<stamp>" until the node
+-- that made it commits it, having allowed the check, or releases it; a copy must then wait
+-- for that decision, not pass as a repeat of an allow). by_id: false when the service made
+-- the request id for this check (a fresh ULID cannot have been counted: no lookup).
+-- idem_field: "i:<key>", nil when the check carries no idempotency key. record_ttl: the
+-- generation's length.
 local function counted_before(records_key, record_ttl, now, request_id, by_id, idem_field)
   if not (by_id or idem_field) then
     return nil
   end
   local g = math.floor(now / record_ttl)
   local this, last = records_hash(records_key, g), records_hash(records_key, g - 1)
-  if by_id and (redis.call('HEXISTS', this, request_id) == 1
-      or redis.call('HEXISTS', last, request_id) == 1) then
-    return request_id
+  local function record(id)
+    return redis.call('HGET', this, id) or redis.call('HGET', last, id)
   end
-  if idem_field then
-    local first = redis.call('HGET', this, idem_field) or redis.call('HGET', last, idem_field)
-    if first then
-      return first
+  local first, value = nil, nil
+  if by_id then
+    value = record(request_id)
+    if value then
+      first = request_id
     end
   end
-  return nil
+  if not first and idem_field then
+    first = redis.call('HGET', this, idem_field) or redis.call('HGET', last, idem_field)
+    if first then
+      value = record(first)
+    end
+  end
+  if not first then
+    return nil
+  end
+  -- Record tags never hold a '.' (store::redis::record_tag): only a stamp ends so.
+  return first, (value and string.find(value, '%.%d+$')) ~= nil
 end
 
 -- Phase 1 for one limit: reads its key and decides it (see the fields above). Nothing is

@@ -1,12 +1,19 @@
 --[[
-release.lua: on Redis Cluster, gives back what one slot group reserved for a check the node
-then denied (another group's limit was full, or a group failed), and forgets the
-reservation, so the same request id sent again is a new check. Idempotent: a second
-release, or a release of a group that never reserved, finds no record and does nothing.
+release.lua: on Redis Cluster, settles one slot group's reservation once the node has
+decided the check.
+- "release" (the node denied it: another group's limit was full, a score deny, a group
+  failed): gives back what the group reserved and forgets the reservation, so the same
+  request id sent again is a new check.
+- "commit" (the node allowed it; sent to the main group, the one holding the request's
+  idempotency record): the record stops being a reservation (its ".<stamp>" is dropped),
+  so a copy sent later is a repeat of an allowed request. Until then a copy finds a
+  reservation and is told to come back ("held" in check.lua and decide.lua), never allowed.
+Idempotent: a second call, or one for a group that never reserved, finds no record ending in
+its stamp and does nothing.
 
 KEYS[1]    the group's records key (<prefix>:<scene>:rq:{<tag>}): the reservation is a
            field of its hash of generation g or g - 1 (limits.lua)
-KEYS[2..]  the group's candidate keys (the limits sent to it)
+KEYS[2..]  the group's candidate keys (the limits sent to it); none for a commit
 
 ARGV[1]    request id
 ARGV[2]    record TTL (the generation's length), ms
@@ -15,9 +22,10 @@ ARGV[4]    the idempotency field ("i:<key>") the group wrote, or ""
 ARGV[5]    the reservation's stamp (digits): only a record ending in ".<stamp>" is this
            reservation; another attempt with the same request id (a retry after a 503,
            admitted meanwhile) has its own stamp and is not touched
-ARGV[5+i]  the tag of candidate KEYS[1+i] (store::redis::record_tag)
+ARGV[6]    "release" or "commit"
+ARGV[6+i]  the tag of candidate KEYS[1+i] (store::redis::record_tag)
 
-Reply: 1 when a reservation was released, 0 when there was none.
+Reply: 1 when a reservation was released or committed, 0 when there was none.
 ]]
 
 -- clock_now(), records_hash(): limits.lua; ENTRY, undo(): undo.lua.
@@ -32,10 +40,19 @@ local g = math.floor(now / gen)
 if not string.match(ARGV[5], '^%d+$') then
   return redis.error_reply('release.lua: stamp (ARGV[5]) is not digits')
 end
+local commit = ARGV[6] == 'commit'
+if not commit and ARGV[6] ~= 'release' then
+  return redis.error_reply('release.lua: ARGV[6] is neither "release" nor "commit"')
+end
 for _, gg in ipairs({ g, g - 1 }) do
   local hash = records_hash(KEYS[1], gg)
   local value = redis.call('HGET', hash, request_id)
   if value and string.sub(value, -(#ARGV[5] + 1)) == '.' .. ARGV[5] then
+    if commit then
+      -- Rewriting a field keeps the hash's expiry.
+      redis.call('HSET', hash, request_id, string.sub(value, 1, -(#ARGV[5] + 2)))
+      return 1
+    end
     local ms = string.match(value, '^%d+')
     if not ms then
       return redis.error_reply('release.lua: unreadable request record ' .. request_id .. ' in ' .. hash)
@@ -46,7 +63,7 @@ for _, gg in ipairs({ g, g - 1 }) do
       named[tag] = kind
     end
     for i = 2, #KEYS do
-      undo(KEYS[i], named[ARGV[i + 4]], t, request_id)
+      undo(KEYS[i], named[ARGV[i + 5]], t, request_id)
     end
     redis.call('HDEL', hash, request_id)
     local idem = ARGV[4]

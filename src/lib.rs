@@ -34,6 +34,7 @@ pub mod refund;
 pub mod rules;
 pub mod signal;
 pub mod simulate;
+pub mod sled_db;
 pub mod store;
 pub mod sweep;
 pub mod trust;

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::dev::ToEnvelope;
 use actix::prelude::*;
@@ -53,30 +53,10 @@ const SLED_CACHE_BYTES: u64 = 16 * 1024 * 1024;
 /// but a wedged shard must not hang shutdown forever.
 const CONTROL_DEADLINE: Duration = Duration::from_secs(30);
 
-/// How long `start` waits for the directory's lock. sled lets go of it from its background
-/// threads, a moment after the last handle is dropped: a start right after a
-/// [`Behaviours::shutdown`] in the same process (a restart test, an in-process restart)
-/// could otherwise find it still held.
-const LOCK_GRACE: Duration = Duration::from_secs(2);
-
-/// Opens the sled db at `dir`, waiting up to [`LOCK_GRACE`] while its lock is held.
+/// Opens the sled db at `dir` ([`crate::sled_db::open`]: waits while a closed handle's
+/// lock is let go).
 fn open_db(dir: &Path) -> Result<sled::Db, sled::Error> {
-    let until = Instant::now() + LOCK_GRACE;
-    loop {
-        let opened = sled::Config::new()
-            .path(dir)
-            .cache_capacity(SLED_CACHE_BYTES)
-            .open();
-        match opened {
-            // sled (pinned at 0.34.7) reports a held lock only in the message's text.
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock") && Instant::now() < until =>
-            {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            other => return other,
-        }
-    }
+    crate::sled_db::open(dir, SLED_CACHE_BYTES)
 }
 
 /// The trees of the per-device, per-user and per-IP state the shards held before signals

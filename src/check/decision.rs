@@ -53,6 +53,10 @@ pub enum Reason {
     StoreUnavailable,
     /// The device id fails the rule set's pattern, or is absurdly long: forged.
     InvalidDeviceId,
+    /// Redis Cluster: the request id or idempotency key names an attempt whose node has
+    /// not yet settled it (it may still be denied): sent again shortly, the copy is a
+    /// repeat of an allow or a new check.
+    InFlight,
 }
 
 impl Reason {
@@ -64,6 +68,7 @@ impl Reason {
             Reason::GatewayRate => "gateway_rate",
             Reason::StoreUnavailable => "store_unavailable",
             Reason::InvalidDeviceId => "invalid_device_id",
+            Reason::InFlight => "in_flight",
         }
     }
 }
@@ -326,6 +331,9 @@ impl ToSchema for CheckResponse {
     }
 }
 
+/// How long a copy of an unsettled attempt is told to wait (`Retry-After: 1`).
+pub const IN_FLIGHT_RETRY_MS: u64 = 1_000;
+
 /// Whole seconds for a header, rounded up, at least 1.
 pub fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000).max(1)
@@ -347,6 +355,15 @@ pub fn fill(
         Decided::Duplicate { of } => {
             resp.duplicate_of = Some(of);
             return Decision::Allow;
+        }
+        // Neither a repeat of an allow nor a new check yet: never granted; the attempt it
+        // copies is settled within a round trip or two (a release or commit).
+        Decided::Held { .. } => {
+            return Decision::FriendlyDeny(FriendlyDeny::new(
+                Reason::InFlight,
+                scene,
+                IN_FLIGHT_RETRY_MS,
+            ))
         }
         Decided::Judged(j) => j,
     };

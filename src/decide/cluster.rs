@@ -51,7 +51,7 @@ use crate::store::redis::{
     idempotency_field, parse_check_reply, CheckCall, RELEASE_LUA, STARTUP_MIN_MS,
 };
 use crate::store::redis_link::RedisLink;
-use crate::store::release::{Release, Releaser};
+use crate::store::release::{Release, Releaser, Settle};
 use crate::store::{CheckOutcome, LimitState, StoreError};
 
 /// A [`Decider`] on a Redis Cluster.
@@ -137,6 +137,25 @@ impl ClusterDecider {
                 .map(idempotency_field),
             now,
             stamp,
+            settle: Settle::Release,
+        });
+    }
+
+    /// Queues the commit of an allowed check's record in the main group at `place`: a copy
+    /// sent from then on is a repeat of the allow (until then it is held).
+    fn commit(&self, plan: &CheckPlan, place: &SlotGroup, now: Option<u64>, stamp: u64) {
+        if plan.dry_run {
+            return;
+        }
+        self.releaser.release(Release {
+            records_key: place.records_key.clone(),
+            keys: Vec::new(),
+            request_id: plan.request_id.clone(),
+            record_ttl_ms: plan.record_ttl_ms,
+            idempotency_field: None,
+            now,
+            stamp,
+            settle: Settle::Commit,
         });
     }
 }
@@ -154,6 +173,20 @@ fn groups(plan: &CheckPlan, sent: &[usize]) -> Result<Vec<Group>, StoreError> {
             place: g,
         })
         .collect())
+}
+
+/// What the groups' repeats make of a check. A record a commit settled (only ever in the
+/// main group, and only for an allowed check) makes it a repeat of that allow, whatever
+/// the other groups say: they keep their reservation's stamp for good. Else a reservation
+/// not yet settled in any group makes it held: its attempt may yet be denied, so the copy
+/// must neither pass as its repeat nor count as a new request. `None`: no repeat.
+fn repeat_of<'a>(answers: impl Iterator<Item = &'a Decided> + Clone) -> Option<Decided> {
+    let settled = answers
+        .clone()
+        .find(|a| matches!(a, Decided::Duplicate { .. }));
+    settled
+        .or_else(|| answers.clone().find(|a| matches!(a, Decided::Held { .. })))
+        .cloned()
 }
 
 /// A limit's state in a denied answer, from a group that allowed (and counted) it: the
@@ -215,7 +248,9 @@ impl Decider for ClusterDecider {
             !plan.dry_run
                 && !matches!(
                     outcomes[i],
-                    Ok(CheckOutcome::Denied { .. } | CheckOutcome::Duplicate { .. })
+                    Ok(CheckOutcome::Denied { .. }
+                        | CheckOutcome::Duplicate { .. }
+                        | CheckOutcome::Held { .. })
                 )
         };
         let release_all = || {
@@ -229,15 +264,16 @@ impl Decider for ClusterDecider {
             release_all();
             return Err(e.clone());
         }
-        // A repeat in the main group (else in any: a group that kept the id from an
-        // earlier count) is a repeat: nothing of this call stays.
-        let dup = outcomes.iter().find_map(|o| match o {
-            Ok(CheckOutcome::Duplicate { of }) => Some(of.clone()),
+        // A repeat (or a copy of an attempt not yet settled): nothing of this call stays.
+        let repeats = outcomes.iter().filter_map(|o| match o {
+            Ok(CheckOutcome::Duplicate { of }) => Some(Decided::Duplicate { of: of.clone() }),
+            Ok(CheckOutcome::Held { of }) => Some(Decided::Held { of: of.clone() }),
             _ => None,
         });
-        if let Some(of) = dup {
+        let repeats: Vec<Decided> = repeats.collect();
+        if let Some(repeat) = repeat_of(repeats.iter()) {
             release_all();
-            return Ok(Decided::Duplicate { of });
+            return Ok(repeat);
         }
         let allowed = outcomes
             .iter()
@@ -258,7 +294,11 @@ impl Decider for ClusterDecider {
                 });
             }
         }
-        if !allowed {
+        if allowed {
+            if let Some(main) = groups.iter().find(|g| g.place.main) {
+                self.commit(plan, &main.place, now, stamp);
+            }
+        } else {
             release_all();
         }
         let states: Vec<LimitState> = sent
@@ -318,7 +358,7 @@ impl ClusterDecider {
             for (&i, read) in layout.prelude.iter().zip(join_all(reads).await) {
                 match read? {
                     Decided::Judged(j) => layout.learn(i, &j.facts, &mut known),
-                    Decided::Duplicate { of } => {
+                    Decided::Duplicate { of } | Decided::Held { of } => {
                         return Err(StoreError::Protocol(format!(
                             "a facts-only read answered a repeat of {of}"
                         )))
@@ -355,7 +395,7 @@ impl ClusterDecider {
                 match &answer {
                     Ok(Decided::Judged(j)) => layout.learn(i, &j.facts, &mut known),
                     // A repeat or an error decides the check: no later group observes it.
-                    Ok(Decided::Duplicate { .. }) | Err(_) => stop = true,
+                    Ok(Decided::Duplicate { .. } | Decided::Held { .. }) | Err(_) => stop = true,
                 }
                 answers[i] = Some(answer);
             }
@@ -388,13 +428,9 @@ impl ClusterDecider {
             release_all();
             return Err(e.clone());
         }
-        let dup = answers.iter().flatten().find_map(|a| match a {
-            Ok(Decided::Duplicate { of }) => Some(of.clone()),
-            _ => None,
-        });
-        if let Some(of) = dup {
+        if let Some(repeat) = repeat_of(answers.iter().flatten().filter_map(|a| a.as_ref().ok())) {
             release_all();
-            return Ok(Decided::Duplicate { of });
+            return Ok(repeat);
         }
 
         let facts = known.facts();
@@ -454,6 +490,9 @@ impl ClusterDecider {
             })
             .collect();
         let outcome = if allowed {
+            if let Some(main) = layout.groups.iter().find(|g| g.place.main) {
+                self.commit(plan, &main.place, now, stamp);
+            }
             Outcome::Allowed { limits }
         } else {
             release_all();

@@ -194,6 +194,8 @@ impl Decider for EmbeddedDecider {
             CheckOutcome::Allowed { limits } => (true, limits),
             CheckOutcome::Denied { limits } => (false, limits),
             CheckOutcome::Duplicate { of } => return Ok(Decided::Duplicate { of }),
+            // The embedded store keeps no reservations; answered as a store would.
+            CheckOutcome::Held { of } => return Ok(Decided::Held { of }),
         };
         let mut states = states.into_iter();
         for v in values.iter_mut().filter(|v| v.applies) {

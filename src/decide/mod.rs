@@ -173,6 +173,9 @@ pub enum Decided {
     /// The request id or idempotency key was counted before: nothing was read or written.
     /// `of` is the request id that was counted.
     Duplicate { of: String },
+    /// Redis Cluster: the request id or idempotency key names an attempt not yet settled
+    /// ([`CheckOutcome::Held`]): the check must be sent again shortly; nothing was kept.
+    Held { of: String },
     /// Decided: facts, every signal (parallel to the plan's), the score; then either a
     /// score deny (no limit touched: `limits` empty) or the limits (parallel to the
     /// plan's).

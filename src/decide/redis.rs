@@ -191,6 +191,7 @@ pub(super) fn limits_judged(
 ) -> Result<Decided, StoreError> {
     let (allowed, states) = match outcome {
         CheckOutcome::Duplicate { of } => return Ok(Decided::Duplicate { of }),
+        CheckOutcome::Held { of } => return Ok(Decided::Held { of }),
         CheckOutcome::Allowed { limits } => (true, limits),
         CheckOutcome::Denied { limits } => (false, limits),
     };
@@ -597,13 +598,17 @@ pub(super) fn parse_reply(
     };
     let kind = r.text("the kind")?;
     match kind.as_str() {
-        "dup" => {
+        "dup" | "held" => {
             let of = r.text("the counted request id")?;
             if of.is_empty() {
                 return Err(bad("duplicate without the counted request id"));
             }
             r.end()?;
-            return Ok(Decided::Duplicate { of });
+            return Ok(if kind == "held" {
+                Decided::Held { of }
+            } else {
+                Decided::Duplicate { of }
+            });
         }
         "judged" => {}
         other => return Err(bad(format!("unknown kind {other:?}"))),

@@ -290,9 +290,11 @@ pub fn respond(resp: &CheckResponse) -> HttpResponse {
     // A store that cannot answer is the service's trouble, not the client's rate: 503.
     let status = match deny.reason {
         Reason::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-        Reason::Limit(_) | Reason::GatewayRate | Reason::Score | Reason::InvalidDeviceId => {
-            StatusCode::TOO_MANY_REQUESTS
-        }
+        Reason::Limit(_)
+        | Reason::GatewayRate
+        | Reason::Score
+        | Reason::InvalidDeviceId
+        | Reason::InFlight => StatusCode::TOO_MANY_REQUESTS,
     };
     let mut http = HttpResponse::build(status);
     http.insert_header((

@@ -21,7 +21,8 @@
 //! entries for the fixed windows and buckets (what limits.lua builds from the tags),
 //! ARGV[7 + i] is limit i's max, and nothing else per limit is sent. The reply is check.lua's in one bulk string:
 //! `allow|c1|x1|r1|c2|…` or `deny|…` (count, exceeded 0/1, retry ms per limit), or
-//! `dup|<request id>`; `store::redis::parse_check_reply` reads both forms.
+//! `dup|<request id>` or `held|<request id>`; `store::redis::parse_check_reply` reads both
+//! forms.
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
@@ -233,10 +234,16 @@ impl<'s> Lua<'s> {
              if rep ~= '' then\n  \
                local g = math.floor(now / math.max(tonumber(ARGV[4]) or 0, 1))\n  \
                local this, last = KEYS[1] .. ':' .. string.format('%d', g), KEYS[1] .. ':' .. string.format('%d', g - 1)\n  \
-               if (rep == 'r' or rep == 'ri') and (redis.call('HEXISTS', this, rid) == 1 or redis.call('HEXISTS', last, rid) == 1) then return 'dup|' .. rid end\n  \
+               local function rec(id) return redis.call('HGET', this, id) or redis.call('HGET', last, id) end\n  \
+               local function dup(id)\n    \
+                 local v = rec(id)\n    \
+                 if v and string.find(v, '%.%d+$') then return 'held|' .. id end\n    \
+                 return 'dup|' .. id\n  \
+               end\n  \
+               if (rep == 'r' or rep == 'ri') and rec(rid) then return dup(rid) end\n  \
                if rep == 'i' or rep == 'ri' then\n    \
                  local first = redis.call('HGET', this, ARGV[6]) or redis.call('HGET', last, ARGV[6])\n    \
-                 if first then return 'dup|' .. first end\n  \
+                 if first then return dup(first) end\n  \
                end\n\
              end"
         );

@@ -84,6 +84,10 @@ pub enum CheckOutcome {
     /// The request id, or the idempotency key, was already counted: nothing was written.
     /// `of` is the request id that was counted.
     Duplicate { of: String },
+    /// Redis Cluster: the request id, or the idempotency key, names a reservation another
+    /// attempt made and its node has not yet settled (allowed and committed, or denied and
+    /// released): nothing was written. `of` is that attempt's request id.
+    Held { of: String },
 }
 
 /// Everything one refund asks of the store. Serialisable: a `benefit_rolled_back` event

@@ -515,11 +515,11 @@ pub fn parse_check_reply(reply: Value, n_limits: usize) -> Result<CheckOutcome, 
     let dup_of = it.next().map(as_text).transpose()?.unwrap_or_default();
     let n = it.next().map(as_int).transpose()?.unwrap_or(-1);
 
-    if kind == "dup" {
+    if kind == "dup" || kind == "held" {
         if dup_of.is_empty() {
             return Err(bad("duplicate without the counted request id"));
         }
-        return Ok(CheckOutcome::Duplicate { of: dup_of });
+        return Ok(repeat(&kind, dup_of));
     }
     if usize::try_from(n).ok() != Some(n_limits) {
         return Err(bad(&format!("{n} limit states for {n_limits} limits")));
@@ -552,6 +552,15 @@ pub fn parse_check_reply(reply: Value, n_limits: usize) -> Result<CheckOutcome, 
     }
 }
 
+/// A "dup" (a repeat of a counted request) or "held" (of a reservation not yet settled).
+fn repeat(kind: &str, of: String) -> CheckOutcome {
+    if kind == "held" {
+        CheckOutcome::Held { of }
+    } else {
+        CheckOutcome::Duplicate { of }
+    }
+}
+
 /// A shaped script's reply: `allow|c|x|r|…`, `deny|…` or `dup|<request id>`.
 fn parse_compact_reply(text: &[u8], n_limits: usize) -> Result<CheckOutcome, StoreError> {
     let bad = |why: &str| StoreError::Protocol(format!("check script reply: {why}"));
@@ -560,9 +569,9 @@ fn parse_compact_reply(text: &[u8], n_limits: usize) -> Result<CheckOutcome, Sto
         Some((kind, rest)) => (kind, Some(rest)),
         None => (text, None),
     };
-    if kind == "dup" {
+    if kind == "dup" || kind == "held" {
         return match rest {
-            Some(id) if !id.is_empty() => Ok(CheckOutcome::Duplicate { of: id.into() }),
+            Some(id) if !id.is_empty() => Ok(repeat(kind, id.into())),
             _ => Err(bad("duplicate without the counted request id")),
         };
     }

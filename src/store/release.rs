@@ -10,6 +10,11 @@
 //! retry after a lost reply is harmless. A release that is dropped (the queue full, every
 //! retry failed) leaves a unit held until its window passes: the limit admits less, never
 //! more. Each drop is logged and counted.
+//!
+//! An allowed check's record in the main group is committed the same way ([`Settle`]):
+//! until then a copy of the request is answered "held" (come back shortly), because the
+//! reservation it finds may yet be released. A dropped commit leaves copies held until the
+//! record expires: never a second grant, but a retry of that allow is not recognised.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -40,9 +45,29 @@ const MAX_PAUSE_MS: u64 = 1_000;
 /// each drop holds a unit until its window passes, up to a day.
 const BREAKER_WAIT_MS: u64 = 30_000;
 
-/// What one slot group gives back.
+/// What becomes of a reservation once its node has decided the check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// Denied: give back what the group reserved, forget the record.
+    Release,
+    /// Allowed: the record stops being a reservation (the main group's only), so a copy
+    /// sent later is a repeat of the allow rather than held.
+    Commit,
+}
+
+impl Settle {
+    fn arg(self) -> &'static str {
+        match self {
+            Settle::Release => "release",
+            Settle::Commit => "commit",
+        }
+    }
+}
+
+/// What one slot group gives back, or commits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Release {
+    pub settle: Settle,
     /// The group's records key (the script appends the generation).
     pub records_key: String,
     /// The group's limit keys and their algorithms.
@@ -103,10 +128,11 @@ impl Releaser {
                 let pending = task_pending.clone();
                 tokio::spawn(async move {
                     let result = run(&link, &script, &release).await;
-                    metrics.cluster_release(match result {
-                        Some(true) => "released",
-                        Some(false) => "none",
-                        None => "dropped",
+                    metrics.cluster_release(match (result, release.settle) {
+                        (Some(true), Settle::Release) => "released",
+                        (Some(true), Settle::Commit) => "committed",
+                        (Some(false), _) => "none",
+                        (None, _) => "dropped",
                     });
                     drop(permit);
                     pending.done();
@@ -170,7 +196,7 @@ async fn run(link: &RedisLink, script: &Script, r: &Release) -> Option<bool> {
         None => cmd.arg(""),
     };
     cmd.arg(r.idempotency_field.as_deref().unwrap_or(""));
-    cmd.arg(r.stamp);
+    cmd.arg(r.stamp).arg(r.settle.arg());
     for (key, algorithm) in &r.keys {
         cmd.arg(&tag_arg(*algorithm, key)[..]);
     }

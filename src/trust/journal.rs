@@ -100,14 +100,10 @@ fn seq_of(key: &[u8]) -> Option<u64> {
 /// Opens (or creates) the journal's sled database under `dir`. The trust ledger of the
 /// embedded mode lives in it too: one process may open a sled folder only once.
 pub fn open_db(dir: &Path) -> Result<sled::Db, JournalError> {
-    sled::Config::new()
-        .path(dir)
-        .cache_capacity(CACHE_BYTES)
-        .open()
-        .map_err(|e| JournalError {
-            path: dir.to_path_buf(),
-            message: format!("cannot open: {e}"),
-        })
+    crate::sled_db::open(dir, CACHE_BYTES).map_err(|e| JournalError {
+        path: dir.to_path_buf(),
+        message: format!("cannot open: {e}"),
+    })
 }
 
 impl Journal {

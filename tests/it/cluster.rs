@@ -16,10 +16,10 @@ use vigia::config::{Config, StoreBackend};
 use vigia::keys::KeyPrefix;
 use vigia::rules::load_dir;
 
-const LIMITS: &str = include_str!("../fixtures/cluster/limits.toml");
+pub(crate) const LIMITS: &str = include_str!("../fixtures/cluster/limits.toml");
 
 /// One vigia node on a cluster.
-struct Node {
+pub(crate) struct Node {
     base: String,
     client: reqwest::Client,
     handle: actix_web::dev::ServerHandle,
@@ -27,7 +27,7 @@ struct Node {
 }
 
 impl Node {
-    async fn start(cluster: &RedisCluster, rules: &str) -> Result<Node, String> {
+    pub(crate) async fn start(cluster: &RedisCluster, rules: &str) -> Result<Node, String> {
         Self::start_with(cluster, rules, 1_000).await
     }
 
@@ -83,7 +83,7 @@ impl Node {
         })
     }
 
-    async fn check(&self, body: &Value) -> (u16, Value) {
+    pub(crate) async fn check(&self, body: &Value) -> (u16, Value) {
         let resp = self
             .client
             .post(format!("{}/v1/check", self.base))
@@ -98,7 +98,7 @@ impl Node {
 
 impl Node {
     /// The value of one counter series in `/metrics` (0 when absent).
-    async fn counter(&self, series: &str) -> u64 {
+    pub(crate) async fn counter(&self, series: &str) -> u64 {
         let text = self
             .client
             .get(format!("{}/metrics", self.base))

@@ -131,6 +131,8 @@ impl Seen {
     fn add(&mut self, d: &Decided) {
         match d {
             Decided::Duplicate { .. } => self.duplicate += 1,
+            // One Redis never holds (it has no reservations); the answers are compared first.
+            Decided::Held { of } => panic!("held by {of}, though every attempt was settled"),
             Decided::Judged(j) => {
                 match j.outcome {
                     Outcome::Allowed { .. } => self.allow += 1,

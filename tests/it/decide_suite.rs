@@ -2292,7 +2292,7 @@ async fn decide_on_redis_is_one_evalsha_and_nothing_else() {
 async fn on_redis_only_a_named_request_id_is_looked_up() {
     let env = Env::redis().await;
     let server = env.server();
-    let lookups = || server.command_calls().get("hexists").copied().unwrap_or(0);
+    let lookups = || server.command_calls().get("hget").copied().unwrap_or(0);
     let plan = |id: &str| check(id).user("ann").limit(sliding("uid:ann", HOUR, 5));
 
     allowed(&env.judged(&plan("m1").made_id()).await);

@@ -203,12 +203,13 @@ fn a_script_made_for_a_shape_answers_and_writes_as_check_lua_does() {
     }
 }
 
-/// allow, deny or dup.
+/// allow, deny, dup or held.
 fn kind(outcome: &CheckOutcome) -> String {
     match outcome {
         CheckOutcome::Allowed { .. } => "allow",
         CheckOutcome::Denied { .. } => "deny",
         CheckOutcome::Duplicate { .. } => "dup",
+        CheckOutcome::Held { .. } => "held",
     }
     .to_owned()
 }

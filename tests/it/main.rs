@@ -7,6 +7,7 @@ mod auth;
 mod client_example;
 mod clock;
 mod cluster;
+mod cluster_copies;
 mod cluster_parity;
 mod decide_suite;
 mod dimensions;

@@ -132,7 +132,9 @@ pub(crate) async fn counts(store: &dyn WindowStore, limits: &[LimitOp]) -> Vec<u
     match check(store, &probe).await {
         CheckOutcome::Allowed { limits } => limits.iter().map(|l| l.count - 1).collect(),
         CheckOutcome::Denied { limits } => limits.iter().map(|l| l.count).collect(),
-        CheckOutcome::Duplicate { of } => panic!("probe was a duplicate of {of}"),
+        CheckOutcome::Duplicate { of } | CheckOutcome::Held { of } => {
+            panic!("probe was a duplicate of {of}")
+        }
     }
 }
 
