@@ -598,8 +598,9 @@ def report(runs: dict[str, list[Row]], args: argparse.Namespace) -> None:
             print(f"{k:<{width}} " + " ".join(
                 f"{med(rs, lambda r: r.decisions.get(k, 0.0)):>8.3f}" for rs in runs.values()))
         print("  cluster releases: a denied check gives back what its other slot groups "
-              "reserved, one script per group\n  (released: it held one; none: nothing was "
-              "held; dropped: never given back)\n  the share denied grows with the rate (a user "
+              "reserved, one script per group; an allow commits its record in the user's group\n"
+              "  (released: it held one; committed: made final; none: nothing was "
+              "held; dropped: never settled)\n  the share denied grows with the rate (a user "
               "drawn twice within 10 s is denied by user_10s),\n  so rows measured at different "
               "rates deny different shares")
 

@@ -147,7 +147,7 @@ impl Metrics {
         );
         let cluster_releases = counter(
             "vigia_cluster_releases_total",
-            "Redis Cluster: reservations of denied or failed checks given back, by result (released, none: nothing was held, dropped: queue full or every try failed — a unit held until its window passes).",
+            "Redis Cluster: reservations settled after the answer, by result (released: a denied or failed check's given back; committed: an allowed check's made final; none: nothing was held; dropped: queue full or every try failed — a release's unit held until its window passes, a commit's copies told in_flight until the record expires).",
             &["result"],
         );
         let degraded = counter(

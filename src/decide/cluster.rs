@@ -175,6 +175,83 @@ fn groups(plan: &CheckPlan, sent: &[usize]) -> Result<Vec<Group>, StoreError> {
         .collect())
 }
 
+/// What the groups' answers (none a repeat or an error) make of a judged check: the facts
+/// read, every signal, the node's score, and the limits all-or-nothing. No side effects:
+/// the caller commits or releases what the groups reserved by what this returns.
+fn combine(
+    plan: &CheckPlan,
+    layout: &Layout,
+    answers: &[Option<Result<Decided, StoreError>>],
+    known: &Known,
+) -> Result<Judgement, StoreError> {
+    let facts = known.facts();
+    let mut signals: Vec<Option<SignalValue>> = vec![None; plan.signals.len()];
+    // Each limit's value, and whether its group counted the request in it.
+    let mut limits: Vec<Option<(LimitValue, bool)>> = vec![None; plan.limits.len()];
+    let mut allowed = true;
+    for (g, answer) in layout.groups.iter().zip(answers) {
+        let Some(Ok(Decided::Judged(j))) = answer else {
+            return Err(StoreError::Protocol(format!(
+                "slot group {} gave no answer",
+                g.place.records_key
+            )));
+        };
+        for (&i, &v) in g.signals.iter().zip(&j.signals) {
+            signals[i] = Some(v);
+        }
+        let (values, counted) = match &j.outcome {
+            Outcome::Allowed { limits } => (limits, true),
+            Outcome::Denied { limits } => {
+                allowed = false;
+                (limits, false)
+            }
+            Outcome::ScoreDeny => {
+                return Err(StoreError::Protocol(format!(
+                    "slot group {} scored, though sent no score",
+                    g.place.records_key
+                )))
+            }
+        };
+        for (&j, &v) in g.limits.iter().zip(values) {
+            limits[j] = Some((v, counted));
+        }
+    }
+    let signals: Vec<SignalValue> = collect_all(signals, "signal")?;
+    let discount = plan.trust.as_ref().map_or(0.0, |t| t.discount_per_point);
+    let (score, deny) = math::score(plan.score.as_ref(), &signals, &facts, discount);
+    if deny {
+        return Ok(Judgement {
+            facts,
+            signals,
+            score,
+            outcome: Outcome::ScoreDeny,
+        });
+    }
+    // A deny reports the counts before the request, as one Redis does: what a group
+    // that allowed counted is taken off (its reservation is released).
+    let limits = collect_all(limits, "limit")?
+        .into_iter()
+        .map(|(v, counted)| match (allowed, counted && v.applies) {
+            (false, true) => LimitValue {
+                state: uncounted(v.state),
+                ..v
+            },
+            _ => v,
+        })
+        .collect();
+    let outcome = if allowed {
+        Outcome::Allowed { limits }
+    } else {
+        Outcome::Denied { limits }
+    };
+    Ok(Judgement {
+        facts,
+        signals,
+        score,
+        outcome,
+    })
+}
+
 /// What the groups' repeats make of a check. A record a commit settled (only ever in the
 /// main group, and only for an allowed check) makes it a repeat of that allow, whatever
 /// the other groups say: they keep their reservation's stamp for good. Else a reservation
@@ -294,26 +371,32 @@ impl Decider for ClusterDecider {
                 });
             }
         }
-        if allowed {
-            if let Some(main) = groups.iter().find(|g| g.place.main) {
-                self.commit(plan, &main.place, now, stamp);
-            }
-        } else {
-            release_all();
-        }
-        let states: Vec<LimitState> = sent
+        let judged = sent
             .iter()
             .map(|&j| {
                 states[j]
                     .ok_or_else(|| StoreError::Protocol(format!("no group answered limit {j}")))
             })
-            .collect::<Result<_, _>>()?;
-        let outcome = if allowed {
-            CheckOutcome::Allowed { limits: states }
-        } else {
-            CheckOutcome::Denied { limits: states }
-        };
-        limits_judged(outcome, plan, &sent)
+            .collect::<Result<Vec<LimitState>, _>>()
+            .and_then(|states| {
+                let outcome = if allowed {
+                    CheckOutcome::Allowed { limits: states }
+                } else {
+                    CheckOutcome::Denied { limits: states }
+                };
+                limits_judged(outcome, plan, &sent)
+            });
+        // The reservations follow the answer, a malformed one included: committed on an
+        // allow, released on anything else.
+        match &judged {
+            Ok(_) if allowed => {
+                if let Some(main) = groups.iter().find(|g| g.place.main) {
+                    self.commit(plan, &main.place, now, stamp);
+                }
+            }
+            _ => release_all(),
+        }
+        judged
     }
 }
 
@@ -433,77 +516,21 @@ impl ClusterDecider {
             return Ok(repeat);
         }
 
-        let facts = known.facts();
-        let mut signals: Vec<Option<SignalValue>> = vec![None; plan.signals.len()];
-        // Each limit's value, and whether its group counted the request in it.
-        let mut limits: Vec<Option<(LimitValue, bool)>> = vec![None; plan.limits.len()];
-        let mut allowed = true;
-        for (g, answer) in layout.groups.iter().zip(&answers) {
-            let Some(Ok(Decided::Judged(j))) = answer else {
-                return Err(StoreError::Protocol(format!(
-                    "slot group {} gave no answer",
-                    g.place.records_key
-                )));
-            };
-            for (&i, &v) in g.signals.iter().zip(&j.signals) {
-                signals[i] = Some(v);
-            }
-            let (values, counted) = match &j.outcome {
-                Outcome::Allowed { limits } => (limits, true),
-                Outcome::Denied { limits } => {
-                    allowed = false;
-                    (limits, false)
+        // Whatever the answers make of the check (a malformed one included), the
+        // reservations follow it: committed on an allow, released on anything else.
+        let judged = combine(plan, &layout, &answers, &known);
+        match &judged {
+            Ok(Judgement {
+                outcome: Outcome::Allowed { .. },
+                ..
+            }) => {
+                if let Some(main) = layout.groups.iter().find(|g| g.place.main) {
+                    self.commit(plan, &main.place, now, stamp);
                 }
-                Outcome::ScoreDeny => {
-                    return Err(StoreError::Protocol(format!(
-                        "slot group {} scored, though sent no score",
-                        g.place.records_key
-                    )))
-                }
-            };
-            for (&j, &v) in g.limits.iter().zip(values) {
-                limits[j] = Some((v, counted));
             }
+            _ => release_all(),
         }
-        let signals: Vec<SignalValue> = collect_all(signals, "signal")?;
-        let discount = plan.trust.as_ref().map_or(0.0, |t| t.discount_per_point);
-        let (score, deny) = math::score(plan.score.as_ref(), &signals, &facts, discount);
-        if deny {
-            release_all();
-            return Ok(Decided::Judged(Judgement {
-                facts,
-                signals,
-                score,
-                outcome: Outcome::ScoreDeny,
-            }));
-        }
-        // A deny reports the counts before the request, as one Redis does: what a group
-        // that allowed counted is taken off (its reservation is released).
-        let limits = collect_all(limits, "limit")?
-            .into_iter()
-            .map(|(v, counted)| match (allowed, counted && v.applies) {
-                (false, true) => LimitValue {
-                    state: uncounted(v.state),
-                    ..v
-                },
-                _ => v,
-            })
-            .collect();
-        let outcome = if allowed {
-            if let Some(main) = layout.groups.iter().find(|g| g.place.main) {
-                self.commit(plan, &main.place, now, stamp);
-            }
-            Outcome::Allowed { limits }
-        } else {
-            release_all();
-            Outcome::Denied { limits }
-        };
-        Ok(Decided::Judged(Judgement {
-            facts,
-            signals,
-            score,
-            outcome,
-        }))
+        judged.map(Decided::Judged)
     }
 
     /// One group's decide.lua call.

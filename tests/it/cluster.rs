@@ -613,8 +613,8 @@ async fn a_killed_master_costs_its_failover_and_then_everything_is_normal() {
     cluster.nodes[victim].restart();
     cluster.wait_healthy(Duration::from_secs(30));
     b["request_id"] = json!("after3");
-    let (status, _) = node.check(&b).await;
-    assert_eq!(status, 429);
+    let (status, body) = node.check(&b).await;
+    assert_eq!(status, 429, "{body}");
 }
 
 /// One slot group times out (its master hangs) while the others reserve: the check is
