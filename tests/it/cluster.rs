@@ -31,6 +31,19 @@ impl Node {
         Self::start_with(cluster, rules, 1_000).await
     }
 
+    /// Three nodes on `cluster` with `rules`.
+    pub(crate) async fn three(cluster: &RedisCluster, rules: &str) -> Vec<Node> {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            nodes.push(
+                Node::start(cluster, rules)
+                    .await
+                    .expect("vigia starts on the cluster"),
+            );
+        }
+        nodes
+    }
+
     /// A node whose store calls time out after `timeout_ms`.
     async fn start_with(
         cluster: &RedisCluster,
@@ -188,14 +201,7 @@ async fn with_trust_and_signals_three_nodes_on_a_cluster_never_admit_past_a_limi
 
 async fn burst_admits_exactly_the_limit(rules: &str) {
     let cluster = RedisCluster::start();
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        nodes.push(
-            Node::start(&cluster, rules)
-                .await
-                .expect("vigia starts on the cluster"),
-        );
-    }
+    let nodes = Node::three(&cluster, rules).await;
     let admitted = burst(&nodes).await;
     assert!(admitted <= 10, "{admitted} admitted past the device's 10");
 
@@ -253,10 +259,7 @@ async fn three_nodes_on_a_cluster_share_signals_trust_and_refunds_under_the_ship
     let shipped = std::fs::read_to_string("rules/coupon_claim.toml").expect("shipped rule");
     let common = std::fs::read_to_string("rules/common.toml").expect("shipped rule");
     let rules = format!("{common}\n{shipped}");
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        nodes.push(Node::start(&cluster, &rules).await.expect("vigia starts"));
-    }
+    let nodes = Node::three(&cluster, &rules).await;
     let old = "2020-01-01T00:00:00Z";
 
     // The farm: four accounts in turn on one device, each through another node.
@@ -479,10 +482,7 @@ async fn a_master_that_lost_its_scripts_is_reloaded_without_an_error_answer() {
 #[actix_web::test]
 async fn a_manual_failover_under_load_answers_every_check_normally() {
     let cluster = RedisCluster::start();
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        nodes.push(Node::start(&cluster, LIMITS).await.expect("vigia starts"));
-    }
+    let nodes = Node::three(&cluster, LIMITS).await;
     let user_key = "lt:s:{uid:fresh7}";
     let master = cluster.master_of(user_key);
     let replica = cluster.replica_of(master);

@@ -62,10 +62,7 @@ fn repeats_and_held(answers: &[(u16, Value)], of: &str) -> (usize, usize) {
 #[actix_web::test]
 async fn copies_of_a_denied_check_are_never_allowed() {
     let cluster = RedisCluster::start();
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        nodes.push(Node::start(&cluster, LIMITS).await.expect("vigia starts"));
-    }
+    let nodes = Node::three(&cluster, LIMITS).await;
     let mut allowed = 0;
     for i in 0..12 {
         let (_, body) = nodes[0]
@@ -98,10 +95,7 @@ async fn copies_of_a_denied_check_are_never_allowed() {
 #[actix_web::test]
 async fn copies_of_an_allowed_check_count_once_and_repeat_the_allow_once_committed() {
     let cluster = RedisCluster::start();
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        nodes.push(Node::start(&cluster, LIMITS).await.expect("vigia starts"));
-    }
+    let nodes = Node::three(&cluster, LIMITS).await;
     let copy = claim("first", "u1", "roomy");
     let answers = futures::future::join_all((0..64).map(|i| nodes[i % 3].check(&copy))).await;
     let fresh = answers
