@@ -141,12 +141,18 @@ impl ClusterDecider {
         });
     }
 
-    /// Queues the commit of an allowed check's record in the main group at `place`: a copy
-    /// sent from then on is a repeat of the allow (until then it is held).
-    fn commit(&self, plan: &CheckPlan, place: &SlotGroup, now: Option<u64>, stamp: u64) {
-        if plan.dry_run {
+    /// Queues the commit of an allowed check's record in the main group among `places`: a
+    /// copy sent from then on is a repeat of the allow (until then it is held).
+    fn commit<'p>(
+        &self,
+        plan: &CheckPlan,
+        mut places: impl Iterator<Item = &'p SlotGroup>,
+        now: Option<u64>,
+        stamp: u64,
+    ) {
+        let Some(place) = places.find(|p| p.main).filter(|_| !plan.dry_run) else {
             return;
-        }
+        };
         self.releaser.release(Release {
             records_key: place.records_key.clone(),
             keys: Vec::new(),
@@ -342,12 +348,14 @@ impl Decider for ClusterDecider {
             return Err(e.clone());
         }
         // A repeat (or a copy of an attempt not yet settled): nothing of this call stays.
-        let repeats = outcomes.iter().filter_map(|o| match o {
-            Ok(CheckOutcome::Duplicate { of }) => Some(Decided::Duplicate { of: of.clone() }),
-            Ok(CheckOutcome::Held { of }) => Some(Decided::Held { of: of.clone() }),
-            _ => None,
-        });
-        let repeats: Vec<Decided> = repeats.collect();
+        let repeats: Vec<Decided> = outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Ok(CheckOutcome::Duplicate { of }) => Some(Decided::Duplicate { of: of.clone() }),
+                Ok(CheckOutcome::Held { of }) => Some(Decided::Held { of: of.clone() }),
+                _ => None,
+            })
+            .collect();
         if let Some(repeat) = repeat_of(repeats.iter()) {
             release_all();
             return Ok(repeat);
@@ -389,11 +397,7 @@ impl Decider for ClusterDecider {
         // The reservations follow the answer, a malformed one included: committed on an
         // allow, released on anything else.
         match &judged {
-            Ok(_) if allowed => {
-                if let Some(main) = groups.iter().find(|g| g.place.main) {
-                    self.commit(plan, &main.place, now, stamp);
-                }
-            }
+            Ok(_) if allowed => self.commit(plan, groups.iter().map(|g| &g.place), now, stamp),
             _ => release_all(),
         }
         judged
@@ -523,11 +527,7 @@ impl ClusterDecider {
             Ok(Judgement {
                 outcome: Outcome::Allowed { .. },
                 ..
-            }) => {
-                if let Some(main) = layout.groups.iter().find(|g| g.place.main) {
-                    self.commit(plan, &main.place, now, stamp);
-                }
-            }
+            }) => self.commit(plan, layout.groups.iter().map(|g| &g.place), now, stamp),
             _ => release_all(),
         }
         judged.map(Decided::Judged)
