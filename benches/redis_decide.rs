@@ -217,7 +217,7 @@ async fn drive(decider: &RedisDecider, rules: &RuleSet, tag: &str, n: u64) -> Co
                 Ok(Decided::Duplicate { .. } | Decided::Held { .. }) => c.dup += 1,
                 Ok(Decided::Judged(j)) => match j.outcome {
                     Outcome::Allowed { .. } => c.allowed += 1,
-                    Outcome::Denied { .. } => c.denied += 1,
+                    Outcome::Denied { .. } | Outcome::Challenged { .. } => c.denied += 1,
                     Outcome::ScoreDeny => c.score += 1,
                 },
                 Err(_) => c.errors += 1,

@@ -42,7 +42,7 @@ ARGV[8]        S, the number of signals
 ARGV[9]        L, the number of limits
 then, with an idempotency key ("i" in ARGV[3]), 1: the idempotency record's field in the
                records hash ("i:<key>")
-then, with [trust], 11:
+then, with [trust], 13:
                "1" when the points key is real (there is a user), "1" when the user's
                sighting key is real (there is a user), "1" when the device's sighting key
                is real (there is a device) -- on Redis Cluster each of the three may
@@ -54,9 +54,13 @@ then, with [trust], 11:
                sighting is kept after the last one (ms), max_points, bonus_per_point,
                discount_per_point (float), new_account.younger_than (ms, or "" without
                [trust].new_account), new_account.max_factor (float, or ""),
-               new_device.younger_than (ms, or "" without [trust].new_device)
-then, with [score], 2:
-               the weight of new_account (float, or ""), silent_deny_at (float)
+               new_device.younger_than (ms, or "" without [trust].new_device), the scope
+               of a challenge pass on any device and on this device ("" when no pass is
+               looked for: the scene never challenges, or no user or device is named; a
+               group whose points are given looks for none)
+then, with [score], 3:
+               the weight of new_account (float, or ""), silent_deny_at (float),
+               challenge_at (float, or "" when the scene never challenges)
 then 10 per signal i:
                count ("users" "devices" "ips" "nets" "requests" "user_switches"), member,
                filter ("" "new_account" "new_device" "untrusted"), window_ms, max, cap,
@@ -76,14 +80,20 @@ Reply, a flat array:
   {"dup", <request id that was counted>}
   {"held", <request id>}: as "dup", but its record is a reservation not yet decided (Redis
           Cluster: another attempt in flight, or denied and not yet released)
-  {"judged", outcome, score, points, new_account, new_device,
+  {"judged", outcome, score, points, new_account, new_device, passed,
    S, applies_1, value_1, share_1, fired_1, ..., applies_S, value_S, share_S, fired_S,
    n, applies_1, max_1, count_1, exceeded_1, retry_after_ms_1, ..., (5 per limit)}
   outcome: "score" (the score reached silent_deny_at: no limit was touched, n = 0),
-           "allow" (every applying limit had room: n = L), "deny" (one was full: n = L).
+           "allow" (every applying limit had room: n = L), "deny" (one was full: n = L),
+           "challenge" (every applying limit had room, the score is in [challenge_at,
+           silent_deny_at) and no pass lifts it: nothing was recorded in any limit and
+           no request record was written, n = L).
   score: %.17g text, in [0, 1], rounded to 1e-9 (0 without [score]).
   points: unexpired trust points, capped by max_points.
   new_account, new_device: 1 young, 0 not, -1 unknown.
+  passed: 1 an unexpired challenge pass of one of the two scopes is in the points ZSET
+           (member "<points>:challenge_passed:<scope>/<event_id>"), 0 none, -1 not
+           looked for.
   per signal: applies 0|1, value, share (%.17g text, "" without min_share or when the
            signal does not apply), fired 0|1.
   per limit: applies 0|1 (a limit that does not apply is not evaluated: count, exceeded
@@ -252,6 +262,9 @@ if has_trust then
     na_younger = opt(a + 8, 'new_account younger_than'),
     na_factor = opt(a + 9, 'new_account max_factor'),
     nd_younger = opt(a + 10, 'new_device younger_than'),
+    -- The ledger ids of the passes that lift the challenge band start with these.
+    pass_any = ARGV[a + 11] ~= '' and (ARGV[a + 11] .. '/') or nil,
+    pass_device = ARGV[a + 12] ~= '' and (ARGV[a + 12] .. '/') or nil,
     -- Facts another slot group read (Redis Cluster): nil when not given.
     given_points = given(a),
     given_na = given(a + 1),
@@ -261,16 +274,18 @@ if has_trust then
     return fail('new_account needs both younger_than and max_factor')
   end
   points_key, user_seen_key, device_seen_key = KEYS[k], KEYS[k + 1], KEYS[k + 2]
-  a = a + 11
+  a = a + 13
   k = k + 3
 end
 
 local na_weight = nil
 local deny_at = nil
+local challenge_at = nil
 if has_score then
   na_weight = opt(a, 'new_account weight')
   deny_at = num(a + 1, 'silent_deny_at')
-  a = a + 2
+  challenge_at = opt(a + 2, 'challenge_at')
+  a = a + 3
 end
 
 local PER_LIMIT = has_trust and 8 or 6
@@ -452,6 +467,7 @@ end
 local points = 0
 local new_account = -1
 local new_device = -1
+local passed = -1
 
 -- math::is_young: now - born, saturating at 0, below younger_than.
 local function young(born, younger_than)
@@ -482,8 +498,18 @@ if trust then
     if not dry_run then
       redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
     end
+    if trust.pass_any then
+      passed = 0
+    end
     for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf')) do
       points = points + (tonumber(string.match(m, '^(%d+):')) or 0)
+      if passed == 0 then
+        local id = string.match(m, '^%d+:challenge_passed:(.*)$')
+        if id and (string.sub(id, 1, #trust.pass_any) == trust.pass_any
+            or (trust.pass_device and string.sub(id, 1, #trust.pass_device) == trust.pass_device)) then
+          passed = 1
+        end
+      end
     end
     points = math.min(points, trust.max_points)
   end
@@ -648,7 +674,7 @@ end
 local function reply(outcome, with_limits, use_after)
   local out = {
     'judged', outcome, score == 0 and '0' or string.format('%.17g', score), points, new_account, new_device,
-    n_signals,
+    passed, n_signals,
   }
   for i = 1, n_signals do
     local r = results[i]
@@ -719,6 +745,11 @@ end
 -- All-or-nothing: one exceeded limit and nothing is recorded anywhere.
 if limits_evaluate(limits, now, dry_run) then
   return reply('deny', true, false)
+end
+-- math::challenged: in the band, no pass. A challenge records nothing, so the same claim
+-- sent again (after the pass) is decided anew, not answered as a repeat.
+if challenge_at and score >= challenge_at and passed ~= 1 then
+  return reply('challenge', true, false)
 end
 if dry_run then
   return reply('allow', true, true)

@@ -3,9 +3,10 @@ trust_award.lua: record one trust award, at most once per event id.
 
 KEYS[1]    the user's awards ZSET (<prefix>:trust-points:uid:<user>)
 
-ARGV[1]    member: "<points>:<type>:<event_id>" (type: payment_succeeded | identity_verified;
-           points and type never contain ':', so everything after the second ':' is the id)
-ARGV[2]    event id
+ARGV[1]    member: "<points>:<type>:<event_id>" (type: payment_succeeded | identity_verified
+           | challenge_passed; points and type never contain ':', so everything after the
+           second ':' is the id)
+ARGV[2]    event id (a challenge pass's is scoped: "<scope>/<event_id>")
 ARGV[3]    expires_at, unix ms (the member's score)
 ARGV[4]    now in ms, or "" to read Redis TIME (tests inject a manual clock here)
 

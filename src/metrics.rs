@@ -32,6 +32,7 @@ pub struct Metrics {
     behaviour_unanswered: IntCounterVec,
     behaviour_entities: IntGaugeVec,
     events: IntCounterVec,
+    challenge_passes: IntCounterVec,
     trust_errors: IntCounterVec,
     breaker_open: IntGaugeVec,
     breaker_transitions: IntCounterVec,
@@ -175,6 +176,11 @@ impl Metrics {
             "Trust events by type and result (accepted, duplicate, invalid, applied, deferred, failed).",
             &["type", "result"],
         );
+        let challenge_passes = counter(
+            "vigia_challenge_passes_total",
+            "Challenge passes reported (challenge_passed events accepted), by scene (\"all\" for a pass that names none: it lifts every scene's band). Challenges issued are vigia_decisions_total{decision=\"challenge\"}.",
+            &["scene"],
+        );
         let trust_errors = counter(
             "vigia_trust_errors_total",
             "Trust ledger reads or writes that failed, by operation.",
@@ -236,6 +242,7 @@ impl Metrics {
             behaviour_unanswered,
             behaviour_entities,
             events,
+            challenge_passes,
             trust_errors,
             decisions,
             blocks,
@@ -359,6 +366,11 @@ impl Metrics {
     /// One trust event of `kind` ended as `result`.
     pub fn event(&self, kind: &str, result: &str) {
         self.events.with_label_values(&[kind, result]).inc();
+    }
+
+    /// A challenge pass for `scene` (or `all`) was accepted.
+    pub fn challenge_pass(&self, scene: &str) {
+        self.challenge_passes.with_label_values(&[scene]).inc();
     }
 
     /// A trust ledger `operation` (read, award) failed.

@@ -20,19 +20,28 @@ use super::plan::NEW_ACCOUNT;
 use crate::decide::{CheckPlan, Decided, LimitPlan, LimitValue, Outcome};
 use crate::rules::{Layer, Limit, Scene};
 
-/// The three answers, as the body's `decision` names them.
+/// The four answers, as the body's `decision` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     Allow,
+    Challenge,
     FriendlyDeny,
     SilentDeny,
 }
 
 impl Verdict {
+    pub const ALL: [Verdict; 4] = [
+        Verdict::Allow,
+        Verdict::Challenge,
+        Verdict::FriendlyDeny,
+        Verdict::SilentDeny,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Verdict::Allow => "allow",
+            Verdict::Challenge => "challenge",
             Verdict::FriendlyDeny => "friendly_deny",
             Verdict::SilentDeny => "silent_deny",
         }
@@ -132,10 +141,26 @@ impl FriendlyDeny {
     }
 }
 
+/// What a challenge asks of the backend: the scene's `[challenge]`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ChallengeAsk {
+    /// What to ask the person (`captcha`, `sms`…): the scene's `challenge.kind`.
+    pub kind: String,
+    /// The scene's `challenge.message`, to show the person.
+    #[schema(required = true)]
+    pub message: Option<String>,
+}
+
 /// What one check decided.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     Allow,
+    /// 403: the backend verifies the person (the scene says how), reports the pass, and
+    /// sends the claim again. Consumed nothing, recorded nothing.
+    Challenge {
+        reason: Reason,
+        ask: ChallengeAsk,
+    },
     /// 429 (503 for `store_unavailable`) with `Retry-After`, and the message.
     FriendlyDeny(FriendlyDeny),
     /// Looks like an allow on the wire; only the body tells the backend.
@@ -153,16 +178,18 @@ impl Decision {
     pub fn verdict(&self) -> Verdict {
         match self {
             Decision::Allow => Verdict::Allow,
+            Decision::Challenge { .. } => Verdict::Challenge,
             Decision::FriendlyDeny(_) => Verdict::FriendlyDeny,
             Decision::SilentDeny { .. } => Verdict::SilentDeny,
         }
     }
 
-    /// The layer that denied; `None` for an allow. Every silent deny is the security
-    /// layer's.
+    /// The layer that denied; `None` for an allow. Every silent deny and challenge is the
+    /// security layer's.
     pub fn layer(&self) -> Option<Layer> {
         match self {
             Decision::Allow => None,
+            Decision::Challenge { .. } => Some(Layer::Security),
             Decision::FriendlyDeny(d) => Some(d.layer()),
             Decision::SilentDeny { .. } => Some(Layer::Security),
         }
@@ -172,6 +199,7 @@ impl Decision {
     pub fn reason(&self) -> Option<&Reason> {
         match self {
             Decision::Allow => None,
+            Decision::Challenge { reason, .. } => Some(reason),
             Decision::FriendlyDeny(d) => Some(&d.reason),
             Decision::SilentDeny { reason } => Some(reason),
         }
@@ -264,12 +292,17 @@ pub struct Body<'a> {
     /// `invalid_device_id`; null for an allow.
     #[schema(value_type = Option<String>, required = true)]
     reason: Option<&'a Reason>,
-    /// The scene's `deny_message` on a friendly deny; else null.
+    /// The scene's `deny_message` on a friendly deny, its `challenge.message` on a
+    /// challenge; else null.
     #[schema(required = true)]
     message: Option<&'a str>,
     /// A friendly deny: when every exceeded limit admits again (at least 1); else null.
     #[schema(required = true, minimum = 1)]
     retry_after_ms: Option<u64>,
+    /// A challenge: what the backend must ask the person before the action may proceed;
+    /// else null.
+    #[schema(required = true)]
+    challenge: Option<&'a ChallengeAsk>,
     /// The risk score, 0 to 1.
     #[schema(minimum = 0.0, maximum = 1.0)]
     score: f64,
@@ -289,6 +322,10 @@ impl<'a> From<&'a CheckResponse> for Body<'a> {
             Decision::FriendlyDeny(d) => Some(d),
             _ => None,
         };
+        let ask = match &r.decision {
+            Decision::Challenge { ask, .. } => Some(ask),
+            _ => None,
+        };
         Body {
             decision: r.decision.verdict(),
             request_id: &r.request_id,
@@ -296,8 +333,11 @@ impl<'a> From<&'a CheckResponse> for Body<'a> {
             rules_version: &r.rules_version,
             layer: r.decision.layer(),
             reason: r.decision.reason(),
-            message: friendly.and_then(|d| d.message.as_deref()),
+            message: friendly
+                .and_then(|d| d.message.as_deref())
+                .or_else(|| ask.and_then(|a| a.message.as_deref())),
             retry_after_ms: friendly.map(|d| d.retry_after_ms),
+            challenge: ask,
             score: r.score,
             degraded: r.degraded,
             duplicate_of: r.duplicate_of.as_deref(),
@@ -397,10 +437,11 @@ pub fn fill(
             fired: is_new,
         });
     }
-    let (limits, denied) = match j.outcome {
+    let (limits, denied, challenged) = match j.outcome {
         Outcome::ScoreDeny => return Decision::silent(Reason::Score),
-        Outcome::Allowed { limits } => (limits, false),
-        Outcome::Denied { limits } => (limits, true),
+        Outcome::Allowed { limits } => (limits, false, false),
+        Outcome::Denied { limits } => (limits, true, false),
+        Outcome::Challenged { limits } => (limits, false, true),
     };
     let applied: Vec<(&Limit, &LimitPlan, &LimitValue)> = index
         .iter()
@@ -422,9 +463,26 @@ pub fn fill(
         })
         .collect();
     if denied {
-        deny_by_limits(scene, &applied)
-    } else {
-        Decision::Allow
+        return deny_by_limits(scene, &applied);
+    }
+    if !challenged {
+        return Decision::Allow;
+    }
+    // Nothing was recorded: this is never turned into an allow. (A scene with a band has
+    // a `[challenge]`: the rules refuse one without it.)
+    let ask = scene.challenge.as_ref().map_or(
+        ChallengeAsk {
+            kind: "challenge".into(),
+            message: None,
+        },
+        |c| ChallengeAsk {
+            kind: c.kind.clone(),
+            message: c.message.clone(),
+        },
+    );
+    Decision::Challenge {
+        reason: Reason::Score,
+        ask,
     }
 }
 
@@ -616,10 +674,10 @@ layer = "security"
         let body = serde_json::to_string(&with(business_deny())).unwrap();
         assert_eq!(
             body,
-            r#"{"decision":"friendly_deny","request_id":"r1","scene":"s","rules_version":"v1","layer":"business","reason":"user_10s","message":"Agotado","retry_after_ms":8000,"score":0.0,"degraded":false,"duplicate_of":null,"limits":[],"signals":[],"trust":{"points":0}}"#
+            r#"{"decision":"friendly_deny","request_id":"r1","scene":"s","rules_version":"v1","layer":"business","reason":"user_10s","message":"Agotado","retry_after_ms":8000,"challenge":null,"score":0.0,"degraded":false,"duplicate_of":null,"limits":[],"signals":[],"trust":{"points":0}}"#
         );
         let allow = serde_json::to_value(with(Decision::Allow)).unwrap();
-        for field in ["layer", "reason", "message", "retry_after_ms"] {
+        for field in ["layer", "reason", "message", "retry_after_ms", "challenge"] {
             assert_eq!(allow[field], Value::Null, "{field}");
         }
     }
@@ -673,18 +731,121 @@ layer = "security"
                 json!("security"),
                 json!("invalid_device_id"),
             ),
+            (
+                with(challenge()),
+                "challenge",
+                json!("security"),
+                json!("score"),
+            ),
         ];
         for (resp, decision, layer, reason) in cases {
             let body = serde_json::to_value(&resp).unwrap();
             assert_eq!(body["decision"], json!(decision), "{body}");
             assert_eq!(body["layer"], layer, "{body}");
             assert_eq!(body["reason"], reason, "{body}");
-            if resp.decision.verdict() != Verdict::FriendlyDeny {
+            if matches!(
+                resp.decision.verdict(),
+                Verdict::Allow | Verdict::SilentDeny
+            ) {
                 // A silent deny tells nothing an allow would not.
                 assert_eq!(body["message"], Value::Null, "{body}");
                 assert_eq!(body["retry_after_ms"], Value::Null, "{body}");
             }
         }
+    }
+
+    fn challenge() -> Decision {
+        Decision::Challenge {
+            reason: Reason::Score,
+            ask: ChallengeAsk {
+                kind: "captcha".into(),
+                message: Some("Confirma que eres tú".into()),
+            },
+        }
+    }
+
+    #[test]
+    fn a_challenge_says_what_to_ask_and_nothing_of_a_deny() {
+        let body = serde_json::to_value(with(challenge())).unwrap();
+        assert_eq!(
+            body["challenge"],
+            json!({"kind": "captcha", "message": "Confirma que eres tú"})
+        );
+        assert_eq!(body["message"], json!("Confirma que eres tú"));
+        assert_eq!(body["retry_after_ms"], Value::Null);
+        assert_eq!(body["duplicate_of"], Value::Null);
+        let deny = serde_json::to_value(with(business_deny())).unwrap();
+        assert_eq!(deny["challenge"], Value::Null);
+    }
+
+    #[test]
+    fn a_challenged_outcome_is_a_challenge_unless_a_limit_is_full() {
+        let rules = crate::rules::compile_files(&[(
+            "r.toml".into(),
+            format!(
+                "{RULES}\n[scene.s.score]\nweights = {{}}\nsilent_deny_at = 0.7\nchallenge_at = 0.4\n[scene.s.challenge]\nkind = \"sms\"\npass_ttl = \"30m\"\n"
+            ),
+        )])
+        .unwrap();
+        let body = json!({"scene": "s", "request_id": "r1", "user_id": "u", "ip": "192.0.2.1"});
+        let req = request::parse_check(&rules, &body, 0).unwrap();
+        let (plan, index) = plan::plan(
+            &crate::keys::KeyPrefix::plain("lt"),
+            &rules,
+            &req,
+            crate::config::DEFAULT_RECORD_HORIZON_MS,
+        );
+        let judged = |outcome| {
+            Decided::Judged(Judgement {
+                facts: Facts::default(),
+                signals: Vec::new(),
+                score: 0.5,
+                outcome,
+            })
+        };
+        let room = |exceeded: bool| -> Vec<LimitValue> {
+            index
+                .iter()
+                .map(|&i| LimitValue {
+                    applies: true,
+                    max: req.scene.limits[i].max,
+                    state: LimitState {
+                        count: 0,
+                        exceeded: exceeded && i == 0,
+                        retry_after_ms: if exceeded && i == 0 { 5_000 } else { 0 },
+                    },
+                })
+                .collect()
+        };
+        let mut resp = CheckResponse::allow("s", "r1", &rules.version);
+        let d = fill(
+            &mut resp,
+            &req.scene,
+            &plan,
+            &index,
+            judged(Outcome::Challenged {
+                limits: room(false),
+            }),
+        );
+        assert_eq!(
+            d,
+            Decision::Challenge {
+                reason: Reason::Score,
+                ask: ChallengeAsk {
+                    kind: "sms".into(),
+                    message: None
+                }
+            }
+        );
+        assert_eq!(resp.limits.len(), 3, "the limits are reported");
+        let d = fill(
+            &mut resp,
+            &req.scene,
+            &plan,
+            &index,
+            judged(Outcome::Denied { limits: room(true) }),
+        );
+        assert_eq!(d.verdict(), Verdict::FriendlyDeny);
     }
 
     #[test]

@@ -9,11 +9,12 @@ use std::net::IpAddr;
 
 use super::quota::overridden_max;
 use super::request::CheckRequest;
-use crate::decide::{CheckPlan, LimitPlan, ScorePlan, SignalPlan, TrustPlan};
+use crate::decide::{CheckPlan, LimitPlan, PassScopes, ScorePlan, SignalPlan, TrustPlan};
 use crate::keys::{DimensionValues, KeyPrefix, KeySpace, SignalKey, SEEN_RETENTION_MS};
-use crate::rules::{Algorithm, Count, Dimension, RuleSet, Scene, Signal};
+use crate::rules::{Algorithm, Count, Dimension, RuleSet, Scene, Signal, Trust};
 use crate::signal::entity_hash;
 use crate::signal::signal_cap;
+use crate::trust::ledger::pass_scope;
 
 /// The name of the new-account weight in `[scene.X.score].weights`.
 pub const NEW_ACCOUNT: &str = "new_account";
@@ -47,6 +48,7 @@ pub fn plan(
             .collect(),
         new_account_weight: score.weights.get(NEW_ACCOUNT).copied(),
         silent_deny_at: score.silent_deny_at,
+        challenge_at: score.challenge_at,
     });
     let plan = CheckPlan {
         record_key: ks.record_key(values, &scene.required, &req.request_id),
@@ -67,8 +69,25 @@ pub fn plan(
     (plan, index)
 }
 
+/// The trust block: with `[trust]`, or for a scene that can challenge (its passes are
+/// kept with the points; without `[trust]` there are no points, ages or filters to read).
 fn trust(prefix: &KeyPrefix, rules: &RuleSet, req: &CheckRequest) -> Option<TrustPlan> {
-    let t = rules.trust.as_ref()?;
+    let scene = &req.scene;
+    let no_trust = Trust {
+        payment_succeeded: None,
+        identity_verified: None,
+        challenge_passed: None,
+        max_points: 0,
+        bonus_per_point: 0,
+        score_discount_per_point: 0.0,
+        new_account: None,
+        new_device: None,
+    };
+    let t = match (&rules.trust, &scene.challenge) {
+        (Some(t), _) => t,
+        (None, Some(_)) => &no_trust,
+        (None, None) => return None,
+    };
     let user = req.values.user.as_deref();
     let device = req.values.device.as_deref();
     let created = req
@@ -90,6 +109,10 @@ fn trust(prefix: &KeyPrefix, rules: &RuleSet, req: &CheckRequest) -> Option<Trus
         discount_per_point: t.score_discount_per_point,
         new_account: t.new_account.map(|n| (n.younger_than_ms, n.max_factor)),
         new_device_ms: t.new_device.map(|n| n.younger_than_ms),
+        passes: scene.challenge.as_ref().and(user).map(|_| PassScopes {
+            any_device: pass_scope(&scene.name, None),
+            this_device: device.map(|d| pass_scope(&scene.name, Some(d))),
+        }),
     })
 }
 

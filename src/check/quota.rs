@@ -55,6 +55,7 @@ mod tests {
             overrides,
             signals: vec![],
             score: None,
+            challenge: None,
         }
     }
 

@@ -42,7 +42,7 @@ use super::redis::{
     applies_without_trust, invocation, limits_judged, limits_only, parse_reply, script_now,
     GivenFacts, Part, DECIDE_LUA,
 };
-use super::{CheckPlan, Decided, Decider, Judgement, LimitValue, Outcome, SignalValue};
+use super::{uncounted, CheckPlan, Decided, Decider, Judgement, LimitValue, Outcome, SignalValue};
 use crate::clock::Clock;
 use crate::keys::{slot_groups, SlotGroup};
 use crate::metrics::Metrics;
@@ -211,7 +211,7 @@ fn combine(
                 allowed = false;
                 (limits, false)
             }
-            Outcome::ScoreDeny => {
+            Outcome::ScoreDeny | Outcome::Challenged { .. } => {
                 return Err(StoreError::Protocol(format!(
                     "slot group {} scored, though sent no score",
                     g.place.records_key
@@ -233,11 +233,14 @@ fn combine(
             outcome: Outcome::ScoreDeny,
         });
     }
-    // A deny reports the counts before the request, as one Redis does: what a group
-    // that allowed counted is taken off (its reservation is released).
+    // A challenge records nothing: what the groups reserved is released, as on a deny.
+    let challenged = allowed && math::challenged(plan.score.as_ref(), score, &facts);
+    // A deny (or a challenge) reports the counts before the request, as one Redis does:
+    // what a group that allowed counted is taken off (its reservation is released).
+    let kept = allowed && !challenged;
     let limits = collect_all(limits, "limit")?
         .into_iter()
-        .map(|(v, counted)| match (allowed, counted && v.applies) {
+        .map(|(v, counted)| match (kept, counted && v.applies) {
             (false, true) => LimitValue {
                 state: uncounted(v.state),
                 ..v
@@ -245,10 +248,10 @@ fn combine(
             _ => v,
         })
         .collect();
-    let outcome = if allowed {
-        Outcome::Allowed { limits }
-    } else {
-        Outcome::Denied { limits }
+    let outcome = match (allowed, challenged) {
+        (true, false) => Outcome::Allowed { limits },
+        (true, true) => Outcome::Challenged { limits },
+        (false, _) => Outcome::Denied { limits },
     };
     Ok(Judgement {
         facts,
@@ -270,15 +273,6 @@ fn repeat_of<'a>(answers: impl Iterator<Item = &'a Decided> + Clone) -> Option<D
     settled
         .or_else(|| answers.clone().find(|a| matches!(a, Decided::Held { .. })))
         .cloned()
-}
-
-/// A limit's state in a denied answer, from a group that allowed (and counted) it: the
-/// count before the request, as a single Redis reports a deny.
-fn uncounted(state: LimitState) -> LimitState {
-    LimitState {
-        count: state.count.saturating_sub(1),
-        ..state
-    }
 }
 
 #[async_trait]

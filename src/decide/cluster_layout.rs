@@ -228,6 +228,8 @@ impl Layout {
     pub fn learn(&self, i: usize, read: &Facts, known: &mut Known) {
         if self.homes[Fact::Points.index()] == Some(i) {
             known.points = Some(read.points);
+            // Passes are kept with the points.
+            known.passed = Some(read.passed);
         }
         if self.homes[Fact::NewAccount.index()] == Some(i) {
             known.new_account = Some(read.new_account);
@@ -244,6 +246,7 @@ pub(super) struct Known {
     pub points: Option<u32>,
     pub new_account: Option<Option<bool>>,
     pub new_device: Option<Option<bool>>,
+    pub passed: Option<Option<bool>>,
 }
 
 impl Known {
@@ -253,6 +256,7 @@ impl Known {
             points: self.points.unwrap_or(0),
             new_account: self.new_account.flatten(),
             new_device: self.new_device.flatten(),
+            passed: self.passed.flatten(),
         }
     }
 }
@@ -341,6 +345,7 @@ mod tests {
             points: 2,
             new_account: Some(true),
             new_device: None,
+            passed: None,
         };
         layout.learn(0, &read, &mut known);
         assert_eq!(

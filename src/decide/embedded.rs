@@ -69,7 +69,16 @@ impl EmbeddedDecider {
         };
         let mut facts = Facts::default();
         if let Some(user) = trust.points_key.as_deref().and_then(user_of) {
-            facts.points = ledger.points(&user, now)?.min(trust.max_points);
+            let scopes: Vec<&str> = trust
+                .passes
+                .iter()
+                .flat_map(|p| {
+                    std::iter::once(p.any_device.as_str()).chain(p.this_device.as_deref())
+                })
+                .collect();
+            let (points, passed) = ledger.points_and_pass(&user, &scopes, now)?;
+            facts.points = points.min(trust.max_points);
+            facts.passed = trust.passes.as_ref().map(|_| passed);
         }
         // Without a user there is no age, whatever the check says it was created.
         let has_user = trust.points_key.is_some() || trust.user_seen_key.is_some();
@@ -146,6 +155,8 @@ impl Decider for EmbeddedDecider {
         };
         let discount = plan.trust.as_ref().map_or(0.0, |t| t.discount_per_point);
         let (score, deny) = math::score(plan.score.as_ref(), &signals, &facts, discount);
+        // A challenge records nothing: its limits are evaluated as a dry run would.
+        let challenged = !deny && math::challenged(plan.score.as_ref(), score, &facts);
         if deny {
             return Ok(Decided::Judged(Judgement {
                 facts,
@@ -175,7 +186,7 @@ impl Decider for EmbeddedDecider {
             request_id: plan.request_id.clone(),
             id_given: plan.id_given,
             record_ttl_ms: plan.record_ttl_ms,
-            dry_run: plan.dry_run,
+            dry_run: plan.dry_run || challenged,
             limits: plan
                 .limits
                 .iter()
@@ -200,13 +211,19 @@ impl Decider for EmbeddedDecider {
         let mut states = states.into_iter();
         for v in values.iter_mut().filter(|v| v.applies) {
             if let Some(state) = states.next() {
-                v.state = state;
+                // A challenge counted nothing: its counts are those before the request,
+                // as a deny's (the evaluation answered as an allow would).
+                v.state = if allowed && challenged {
+                    super::uncounted(state)
+                } else {
+                    state
+                };
             }
         }
-        let outcome = if allowed {
-            Outcome::Allowed { limits: values }
-        } else {
-            Outcome::Denied { limits: values }
+        let outcome = match (allowed, challenged) {
+            (true, false) => Outcome::Allowed { limits: values },
+            (true, true) => Outcome::Challenged { limits: values },
+            (false, _) => Outcome::Denied { limits: values },
         };
         Ok(Decided::Judged(Judgement {
             facts,

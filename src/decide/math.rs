@@ -49,6 +49,13 @@ pub fn score(
     (score, score >= plan.silent_deny_at)
 }
 
+/// Whether a check that the score did not deny is challenged: its score is in the band
+/// (`challenge_at` or more; below `silent_deny_at`, or the score denied) and no pass lifts it.
+pub fn challenged(plan: Option<&ScorePlan>, score: f64, facts: &Facts) -> bool {
+    plan.and_then(|p| p.challenge_at)
+        .is_some_and(|at| score >= at && facts.passed != Some(true))
+}
+
 /// The max a limit holds this request to: a new account gets `max_factor` of a per-user
 /// limit (rounded down, never below 1), then trust points add `points * bonus_per_point`
 /// to a `trust_bonus` limit.
@@ -91,6 +98,7 @@ mod tests {
             weights: weights.to_vec(),
             new_account_weight: new_account,
             silent_deny_at: at,
+            challenge_at: None,
         }
     }
 
@@ -156,6 +164,7 @@ mod tests {
             points: 1,
             new_account: Some(true),
             new_device: Some(false),
+            passed: None,
         };
         assert!(passes(Filter::NewAccount, &f));
         assert!(!passes(Filter::NewDevice, &f));
@@ -185,11 +194,13 @@ mod tests {
             discount_per_point: 0.0,
             new_account: Some((1000, 0.5)),
             new_device_ms: None,
+            passes: None,
         };
         let young = Facts {
             points: 1,
             new_account: Some(true),
             new_device: None,
+            passed: None,
         };
         assert_eq!(effective_max(&limit(true, false), &young, Some(&trust)), 2);
         assert_eq!(effective_max(&limit(false, false), &young, Some(&trust)), 5);

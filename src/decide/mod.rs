@@ -26,7 +26,10 @@
 //!    the answer is a silent deny and no limit is touched: a denied request consumes no
 //!    quota anywhere.
 //! 4. **Limits**: each evaluated against its effective max (new-account factor, trust
-//!    bonus); one exceeded and none records; otherwise all record.
+//!    bonus); one exceeded and none records. Otherwise, a score in the challenge band that
+//!    no reported pass lifts is a challenge and records nothing (a limit deny outranks it:
+//!    asking a person to prove themselves and then denying them would be worse); else all
+//!    record.
 //!
 //! [`math`] holds the arithmetic both deciders share (the embedded decider calls it; the
 //! Lua script mirrors it line for line): filters, the score, the effective max; a
@@ -98,6 +101,18 @@ pub struct TrustPlan {
     pub new_account: Option<(u64, f64)>,
     /// `[trust].new_device.younger_than`, ms.
     pub new_device_ms: Option<u64>,
+    /// The scene can answer challenge and the check names a user: which reported passes
+    /// (awards in the points key) lift the band. `None`: no pass is looked for.
+    pub passes: Option<PassScopes>,
+}
+
+/// The ledger scopes of the passes that lift this check's challenge band: a pass reported
+/// for the scene on any device, or on the check's device
+/// ([`crate::trust::ledger::pass_scope`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassScopes {
+    pub any_device: String,
+    pub this_device: Option<String>,
 }
 
 /// The scene's `[score]`.
@@ -108,6 +123,9 @@ pub struct ScorePlan {
     /// The weight of `new_account`, if the scene gives it one.
     pub new_account_weight: Option<f64>,
     pub silent_deny_at: f64,
+    /// A score in `[challenge_at, silent_deny_at)` answers challenge, unless a pass lifts
+    /// it ([`Facts::passed`]).
+    pub challenge_at: Option<f64>,
 }
 
 /// One limit, resolved for this request.
@@ -138,6 +156,9 @@ pub struct Facts {
     pub new_account: Option<bool>,
     /// `None` without `[trust].new_device` or without a device.
     pub new_device: Option<bool>,
+    /// The user passed a challenge of this scene (on this device, or on any) within its
+    /// `pass_ttl`. `None` when no pass is looked for ([`TrustPlan::passes`]).
+    pub passed: Option<bool>,
 }
 
 /// One limit's answer.
@@ -164,6 +185,16 @@ impl LimitValue {
                 retry_after_ms: 0,
             },
         }
+    }
+}
+
+/// A limit's state as a deny (or a challenge) reports it, from an answer that counted the
+/// request (a reservation, an evaluation as an allow): the count before the request, as a
+/// single Redis reports a deny.
+pub(crate) fn uncounted(state: LimitState) -> LimitState {
+    LimitState {
+        count: state.count.saturating_sub(1),
+        ..state
     }
 }
 
@@ -202,6 +233,10 @@ pub enum Outcome {
     Allowed { limits: Vec<LimitValue> },
     /// At least one applying limit was full: nothing recorded in any limit.
     Denied { limits: Vec<LimitValue> },
+    /// Every applying limit had room but the score is in the challenge band and no pass
+    /// lifts it: nothing recorded in any limit, no request or idempotency record (the
+    /// claim sent again is decided anew). `limits` is parallel to the plan's.
+    Challenged { limits: Vec<LimitValue> },
 }
 
 /// The decision's one step (see the module doc).

@@ -42,8 +42,8 @@ const TRUST_KEYS: usize = 3;
 const KEYS_PER_SIGNAL: usize = 3;
 /// ARGV every call has; those of [trust] and of [score], sent only with them.
 const FIXED_ARGS: usize = 9;
-const TRUST_ARGS: usize = 11;
-const SCORE_ARGS: usize = 2;
+const TRUST_ARGS: usize = 13;
+const SCORE_ARGS: usize = 3;
 /// ARGV per signal.
 const ARGS_PER_SIGNAL: usize = 10;
 
@@ -218,11 +218,7 @@ pub(super) fn limits_judged(
         Outcome::Denied { limits }
     };
     Ok(Decided::Judged(Judgement {
-        facts: Facts {
-            points: 0,
-            new_account: None,
-            new_device: None,
-        },
+        facts: Facts::default(),
         signals: Vec::new(),
         score: 0.0,
         outcome,
@@ -458,10 +454,15 @@ pub(super) fn invocation(sha: &str, plan: &CheckPlan, part: &Part, now: Option<u
         opt(&mut cmd, t.new_account.map(|(younger, _)| younger));
         opt(&mut cmd, t.new_account.map(|(_, factor)| factor));
         opt(&mut cmd, t.new_device_ms);
+        // Passes are read with the points: only where the points key is real.
+        let passes = t.passes.as_ref().filter(|_| part.holds_points);
+        opt(&mut cmd, passes.map(|p| p.any_device.as_str()));
+        opt(&mut cmd, passes.and_then(|p| p.this_device.as_deref()));
     }
     if let Some(score) = score {
         opt(&mut cmd, score.new_account_weight);
         cmd.arg(score.silent_deny_at);
+        opt(&mut cmd, score.challenge_at);
     }
     for i in signals {
         let s = &plan.signals[i];
@@ -623,6 +624,7 @@ pub(super) fn parse_reply(
         points,
         new_account: r.tristate("new_account")?,
         new_device: r.tristate("new_device")?,
+        passed: r.tristate("passed")?,
     };
 
     let n_signals = part.signal_indices(plan).count();
@@ -653,7 +655,7 @@ pub(super) fn parse_reply(
 
     let n_limits = match outcome.as_str() {
         "score" => 0,
-        "allow" | "deny" => part.limit_indices(plan).count(),
+        "allow" | "deny" | "challenge" => part.limit_indices(plan).count(),
         other => return Err(bad(format!("unknown outcome {other:?}"))),
     };
     r.count("the limit count", n_limits)?;
@@ -683,7 +685,8 @@ pub(super) fn parse_reply(
         "score" => Outcome::ScoreDeny,
         "allow" if !any_exceeded => Outcome::Allowed { limits },
         "deny" if any_exceeded => Outcome::Denied { limits },
-        "allow" => return Err(bad("an allow with an exceeded limit")),
+        "challenge" if !any_exceeded => Outcome::Challenged { limits },
+        "allow" | "challenge" => return Err(bad(format!("{outcome} with an exceeded limit"))),
         _ => return Err(bad("a deny without an exceeded limit")),
     };
     Ok(Decided::Judged(Judgement {
@@ -763,12 +766,14 @@ mod tests {
                 discount_per_point: 0.1,
                 new_account: Some((86_400_000, 0.5)),
                 new_device_ms: None,
+                passes: None,
             }),
             signals: vec![shared, signal("sw", Count::UserSwitches)],
             score: Some(ScorePlan {
                 weights: vec![0.6, 0.1],
                 new_account_weight: None,
                 silent_deny_at: 0.7,
+                challenge_at: None,
             }),
             limits: vec![limit("p:s:uid:u"), limit("p:s:ip:1")],
         }
@@ -781,6 +786,8 @@ mod tests {
             bulk(score),
             int(2),
             int(1),
+            int(-1),
+            // passed: not looked for
             int(-1),
             int(2),
             // signal 1: applies, value 3, share 0.75, fired
@@ -862,11 +869,14 @@ mod tests {
         );
         // The trust block, then the score block.
         assert_eq!(
-            &args[9..22],
-            ["1", "1", "0", "", "1000", "5", "1", "0.1", "86400000", "0.5", "", "", "0.7"]
+            &args[9..25],
+            [
+                "1", "1", "0", "", "1000", "5", "1", "0.1", "86400000", "0.5", "", "", "", "",
+                "0.7", ""
+            ]
         );
         assert_eq!(
-            &args[22..32],
+            &args[25..35],
             [
                 "users",
                 "00000000000000aa",
@@ -882,7 +892,7 @@ mod tests {
         );
         // A sliding window has no tag: the record does not name it.
         assert_eq!(
-            &args[42..50],
+            &args[45..53],
             ["s", "10000", "5", "10000", "", "", "1", "0"]
         );
 
@@ -1048,7 +1058,8 @@ mod tests {
             Facts {
                 points: 2,
                 new_account: Some(true),
-                new_device: None
+                new_device: None,
+                passed: None,
             }
         );
         assert_eq!(j.score, 0.6);
@@ -1157,7 +1168,7 @@ mod tests {
 
         // Counts that do not match the plan.
         let mut wrong_signals = head("allow", "0");
-        wrong_signals[6] = int(3);
+        wrong_signals[7] = int(3);
         assert!(protocol(reply(&[wrong_signals, limits(false)])).contains("signal count"));
         let mut wrong_limits = limits(false);
         wrong_limits[0] = int(1);
@@ -1179,17 +1190,20 @@ mod tests {
         let mut tri = head("allow", "0");
         tri[4] = int(2);
         assert!(protocol(reply(&[tri, limits(false)])).contains("new_account"));
+        let mut passed = head("allow", "0");
+        passed[6] = int(7);
+        assert!(protocol(reply(&[passed, limits(false)])).contains("passed"));
         let mut neg = head("allow", "0");
         neg[3] = int(-1);
         assert!(protocol(reply(&[neg, limits(false)])).contains("points"));
         let mut share = head("allow", "0");
-        share[9] = bulk("x");
+        share[10] = bulk("x");
         assert!(protocol(reply(&[share, limits(false)])).contains("signal \"upn\" share"));
         let mut typed = head("allow", "0");
-        typed[8] = bulk("3");
+        typed[9] = bulk("3");
         assert!(protocol(reply(&[typed, limits(false)])).contains("expected an integer"));
         let mut fired = head("allow", "0");
-        fired[14] = int(1);
+        fired[15] = int(1);
         assert!(protocol(reply(&[fired, limits(false)])).contains("fired without applying"));
 
         // An outcome its limits contradict.
@@ -1197,5 +1211,16 @@ mod tests {
         assert!(
             protocol(reply(&[head("deny", "0"), limits(false)])).contains("without an exceeded")
         );
+        assert!(protocol(reply(&[head("challenge", "0"), limits(true)]))
+            .contains("challenge with an exceeded limit"));
+        let Decided::Judged(j) = parse_reply(
+            reply(&[head("challenge", "0.5"), limits(false)]),
+            &plan(),
+            &Part::whole(&plan()),
+        )
+        .expect("a challenge") else {
+            panic!("not judged")
+        };
+        assert!(matches!(j.outcome, Outcome::Challenged { .. }), "{j:?}");
     }
 }

@@ -215,6 +215,7 @@ pub struct RefundAnswer {
     security(("check_token" = [])),
     responses(
         (status = 200, description = "allow, or silent_deny (nothing on the wire tells the two apart; only the body's `decision` does)", body = CheckResponse),
+        (status = 403, description = "challenge: the score is in the scene's challenge band and no reported pass lifts it. The backend must verify the person (`challenge.kind`: captcha, sms…), report `challenge_passed` on `/v1/events`, and send the claim again; nothing was consumed or recorded, so the same claim under the same `idempotency_key` is decided anew", body = CheckResponse),
         (status = 429, description = "friendly_deny by a business limit or the scene's gateway bucket", body = CheckResponse, headers(
             ("Retry-After" = RetryAfterSeconds, description = "whole seconds until every exceeded limit admits again, at least 1"),
             ("RateLimit-Policy" = RateLimitPolicy, description = "the limit that denied (IETF httpapi draft): `\"name\";q=QUOTA;w=WINDOW_S`"),
@@ -285,6 +286,8 @@ pub async fn refund(
 pub fn respond(resp: &CheckResponse) -> HttpResponse {
     let deny = match &resp.decision {
         Decision::Allow | Decision::SilentDeny { .. } => return json(HttpResponse::Ok(), resp),
+        // A backend that reads only the status refuses: safe.
+        Decision::Challenge { .. } => return json(HttpResponse::Forbidden(), resp),
         Decision::FriendlyDeny(deny) => deny,
     };
     // A store that cannot answer is the service's trouble, not the client's rate: 503.
@@ -473,6 +476,22 @@ mod tests {
             assert_eq!(body["decision"], "silent_deny");
             assert_eq!(body["reason"], reason.name());
         }
+    }
+
+    #[test]
+    fn a_challenge_is_a_403_without_retry_headers() {
+        let (status, headers, body) = respond_to(Decision::Challenge {
+            reason: Reason::Score,
+            ask: crate::check::decision::ChallengeAsk {
+                kind: "captcha".into(),
+                message: None,
+            },
+        });
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(headers.get("retry-after").is_none());
+        assert_eq!(body["decision"], "challenge");
+        assert_eq!(body["layer"], "security");
+        assert_eq!(body["challenge"]["kind"], "captcha");
     }
 
     #[test]

@@ -36,6 +36,28 @@ pub struct AwardEvent {
     pub occurred_at: String,
 }
 
+/// `challenge_passed`: the person behind a challenged check passed it. For the scene's
+/// `pass_ttl` (counted from `occurred_at`) that user, on that device when given, is not
+/// challenged again by the score band; strong evidence still silently denies.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PassEvent {
+    /// An id seen before is counted once.
+    #[schema(min_length = 1, max_length = 128)]
+    pub event_id: String,
+    #[serde(rename = "type")]
+    #[schema(schema_with = pass_kind)]
+    pub kind: EventKind,
+    #[schema(value_type = Id)]
+    pub user_id: String,
+    /// The device the challenge was passed on; absent: any device.
+    #[schema(value_type = Option<DeviceId>)]
+    pub device_id: Option<String>,
+    /// A scene with a `[challenge]`; absent: every scene that challenges.
+    pub scene: Option<String>,
+    #[schema(format = DateTime)]
+    pub occurred_at: String,
+}
+
 /// `benefit_rolled_back`: refunds a check's quota, named as `POST /v1/refund` names it
 /// (scene, request id, the check's dimension values). `/openapi.json` narrows it to the
 /// rule set in force.
@@ -75,6 +97,18 @@ fn award_kinds() -> utoipa::openapi::Object {
     kinds(&EventKind::AWARDS)
 }
 
+fn answer_kinds() -> utoipa::openapi::Object {
+    kinds(&[
+        EventKind::PaymentSucceeded,
+        EventKind::IdentityVerified,
+        EventKind::ChallengePassed,
+    ])
+}
+
+fn pass_kind() -> utoipa::openapi::Object {
+    kinds(&[EventKind::ChallengePassed])
+}
+
 fn rollback_kind() -> utoipa::openapi::Object {
     kinds(&[EventKind::BenefitRolledBack])
 }
@@ -84,6 +118,7 @@ fn rollback_kind() -> utoipa::openapi::Object {
 #[serde(untagged)]
 pub enum EventBody {
     Award(AwardEvent),
+    Pass(PassEvent),
     Rollback(RollbackEvent),
 }
 
@@ -108,8 +143,12 @@ pub enum EventsBody {
 pub struct AwardAnswer {
     pub event_id: String,
     #[serde(rename = "type")]
-    #[schema(schema_with = award_kinds)]
+    #[schema(schema_with = answer_kinds)]
     pub kind: &'static str,
+    /// A challenge pass: the scene whose band it lifts (absent for its trust points and
+    /// for other awards).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scene: Option<String>,
     pub points: u32,
     #[schema(format = DateTime)]
     pub expires_at: String,
@@ -144,11 +183,15 @@ impl From<TrustView> for TrustAnswer {
             awards: v
                 .awards
                 .into_iter()
-                .map(|a: Award| AwardAnswer {
-                    event_id: a.event_id,
-                    kind: a.kind.name(),
-                    points: a.points,
-                    expires_at: rfc3339(a.expires_at_ms),
+                .map(|a: Award| {
+                    let (sent, scene) = a.sent_id_and_scene();
+                    AwardAnswer {
+                        event_id: sent.to_string(),
+                        scene: scene.map(str::to_string),
+                        kind: a.kind.name(),
+                        points: a.points,
+                        expires_at: rfc3339(a.expires_at_ms),
+                    }
                 })
                 .collect(),
             first_seen: v.first_seen_ms.map(rfc3339),

@@ -124,6 +124,7 @@ use openapi::SecuritySchemes;
         events::EventBody,
         events::EventBatch,
         events::AwardEvent,
+        events::PassEvent,
         events::RollbackEvent,
         crate::trust::event::EventKind,
         events::AwardAnswer,

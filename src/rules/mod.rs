@@ -382,6 +382,19 @@ pub struct Score {
     pub weights: BTreeMap<String, f64>,
     /// In (0, 1]; a score at or over it is a silent deny.
     pub silent_deny_at: f64,
+    /// In (0, silent_deny_at): a score at or over it, below `silent_deny_at`, answers
+    /// challenge (the scene then has a [`Challenge`]).
+    pub challenge_at: Option<f64>,
+}
+
+/// `[scene.X.challenge]`: what a challenge answer asks the backend to do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Challenge {
+    /// Free text the backend acts on (`captcha`, `sms`…), echoed in the answer.
+    pub kind: String,
+    pub message: Option<String>,
+    /// How long a reported pass keeps the user (on that device) out of the band.
+    pub pass_ttl_ms: u64,
 }
 
 /// One protected action.
@@ -399,6 +412,7 @@ pub struct Scene {
     /// `[[signals]]` in file order.
     pub signals: Vec<Signal>,
     pub score: Option<Score>,
+    pub challenge: Option<Challenge>,
 }
 
 impl Scene {
@@ -431,6 +445,7 @@ pub struct TrustAward {
 pub struct Trust {
     pub payment_succeeded: Option<TrustAward>,
     pub identity_verified: Option<TrustAward>,
+    pub challenge_passed: Option<TrustAward>,
     pub max_points: u32,
     pub bonus_per_point: u32,
     pub score_discount_per_point: f64,

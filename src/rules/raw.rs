@@ -59,6 +59,8 @@ pub struct RawScene {
     pub signals: Vec<Option<RawSignalEntry>>,
     pub behaviour: Option<RawBehaviour>,
     pub score: Option<RawScore>,
+    /// `[scene.NAME.challenge]`: what the backend is to ask of a person in the grey zone.
+    pub challenge: Option<RawChallenge>,
     /// False when any part of the scene could not be read.
     pub complete: bool,
 }
@@ -148,6 +150,20 @@ pub struct RawSignal {
 pub struct RawScore {
     pub weights: BTreeMap<String, Spanned<f64>>,
     pub silent_deny_at: Spanned<f64>,
+    /// A score in `[challenge_at, silent_deny_at)` answers challenge.
+    pub challenge_at: Option<Spanned<f64>>,
+}
+
+/// `[scene.NAME.challenge]`.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a challenge table { kind, message, pass_ttl }"
+)]
+pub struct RawChallenge {
+    pub kind: Text,
+    pub message: Option<Text>,
+    pub pass_ttl: Text,
 }
 
 /// `[trust]`.
@@ -156,6 +172,8 @@ pub struct RawScore {
 pub struct RawTrust {
     pub payment_succeeded: Option<Spanned<RawAward>>,
     pub identity_verified: Option<Spanned<RawAward>>,
+    /// Points a reported `challenge_passed` earns (none without it).
+    pub challenge_passed: Option<Spanned<RawAward>>,
     /// Required; an `Option` so the error can say what it is for.
     pub max_points: Option<Int>,
     pub bonus_per_point: Option<Int>,

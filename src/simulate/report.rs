@@ -34,6 +34,8 @@ const MAX_EXAMPLES: usize = 20;
 pub struct LabelReport {
     pub checks: u64,
     pub allowed: u64,
+    /// Answered challenge (the backend must verify the person first).
+    pub challenged: u64,
     pub friendly_deny: u64,
     pub silent_deny: u64,
     /// Refused as invalid by this rule set (the 400 the service would answer).
@@ -62,6 +64,7 @@ impl LabelReport {
         };
         self.checks += o.checks;
         self.allowed += o.allowed;
+        self.challenged += o.challenged;
         self.friendly_deny += o.friendly_deny;
         self.silent_deny += o.silent_deny;
         self.rejected += o.rejected;
@@ -304,6 +307,7 @@ impl Tally {
         let report = &mut self.label(label).report;
         match resp.decision.verdict() {
             Verdict::Allow => report.allowed += 1,
+            Verdict::Challenge => report.challenged += 1,
             Verdict::FriendlyDeny => report.friendly_deny += 1,
             Verdict::SilentDeny => report.silent_deny += 1,
         }

@@ -25,6 +25,7 @@ pub const MAX_EVENT_ID_LEN: usize = 128;
 pub enum EventKind {
     PaymentSucceeded,
     IdentityVerified,
+    ChallengePassed,
     BenefitRolledBack,
 }
 
@@ -34,6 +35,7 @@ impl EventKind {
         match self {
             EventKind::PaymentSucceeded => "payment_succeeded",
             EventKind::IdentityVerified => "identity_verified",
+            EventKind::ChallengePassed => "challenge_passed",
             EventKind::BenefitRolledBack => "benefit_rolled_back",
         }
     }
@@ -41,13 +43,15 @@ impl EventKind {
     /// The kinds that award trust points (the others carry no user's points).
     pub const AWARDS: [EventKind; 2] = [EventKind::PaymentSucceeded, EventKind::IdentityVerified];
 
+    const ALL: [EventKind; 4] = [
+        EventKind::PaymentSucceeded,
+        EventKind::IdentityVerified,
+        EventKind::ChallengePassed,
+        EventKind::BenefitRolledBack,
+    ];
+
     fn from_name(s: &str) -> Option<EventKind> {
-        match s {
-            "payment_succeeded" => Some(EventKind::PaymentSucceeded),
-            "identity_verified" => Some(EventKind::IdentityVerified),
-            "benefit_rolled_back" => Some(EventKind::BenefitRolledBack),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|k| k.name() == s)
     }
 }
 
@@ -62,6 +66,10 @@ pub struct Event<'a> {
     pub user_id: Option<String>,
     /// Unix ms (0 for anything before the epoch: such an event has long expired).
     pub occurred_at_ms: u64,
+    /// `challenge_passed`: the scene it was passed for (`None`: every scene that
+    /// challenges) and the device it was passed on (`None`: any).
+    pub scene: Option<String>,
+    pub device_id: Option<String>,
     pub raw: &'a Value,
 }
 
@@ -141,7 +149,7 @@ fn parse_event(at: String, value: &Value) -> Result<Event<'_>, Invalid> {
             invalid(
                 &at,
                 "type",
-                "must be payment_succeeded, identity_verified or benefit_rolled_back",
+                "must be payment_succeeded, identity_verified, challenge_passed or benefit_rolled_back",
             )
         })?,
         Some(_) => return Err(invalid(&at, "type", "must be a string")),
@@ -160,12 +168,24 @@ fn parse_event(at: String, value: &Value) -> Result<Event<'_>, Invalid> {
         )));
     }
     let occurred_at_ms = occurred_at(&at, obj).map_err(with_kind)?;
+    // Only a pass reads these here (a rollback's scene and dimensions are the refund
+    // parser's, from `raw`).
+    let (scene, device_id) = if kind == EventKind::ChallengePassed {
+        (
+            text(&at, obj, "scene").map_err(with_kind)?,
+            id(&at, obj, "device_id").map_err(with_kind)?,
+        )
+    } else {
+        (None, None)
+    };
     Ok(Event {
         at,
         event_id,
         kind,
         user_id,
         occurred_at_ms,
+        scene,
+        device_id,
         raw: value,
     })
 }
@@ -187,26 +207,41 @@ fn event_id(at: &str, obj: &Map<String, Value>) -> Result<String, Invalid> {
     }
 }
 
-/// A string or integer id, as `/v1/check` takes it, so `10086` and `"10086"` are one user.
 fn user_id(at: &str, obj: &Map<String, Value>) -> Result<Option<String>, Invalid> {
-    let s = match obj.get("user_id") {
+    id(at, obj, "user_id")
+}
+
+/// A string or integer id, as `/v1/check` takes it, so `10086` and `"10086"` are one user.
+fn id(at: &str, obj: &Map<String, Value>, field: &str) -> Result<Option<String>, Invalid> {
+    let s = match obj.get(field) {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => integer_text(n)
-            .ok_or_else(|| invalid(at, "user_id", "must be a string or an integer"))?,
-        Some(_) => return Err(invalid(at, "user_id", "must be a string or an integer")),
+        Some(Value::Number(n)) => {
+            integer_text(n).ok_or_else(|| invalid(at, field, "must be a string or an integer"))?
+        }
+        Some(_) => return Err(invalid(at, field, "must be a string or an integer")),
     };
     if s.is_empty() {
-        return Err(invalid(at, "user_id", "must not be empty"));
+        return Err(invalid(at, field, "must not be empty"));
     }
     if too_long(&s) {
         return Err(invalid(
             at,
-            "user_id",
+            field,
             format!("is {} characters; at most {MAX_ID_LEN}", s.chars().count()),
         ));
     }
     Ok(Some(s))
+}
+
+/// An optional non-empty string.
+fn text(at: &str, obj: &Map<String, Value>, field: &str) -> Result<Option<String>, Invalid> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Err(invalid(at, field, "must not be empty")),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(invalid(at, field, "must be a string")),
+    }
 }
 
 fn occurred_at(at: &str, obj: &Map<String, Value>) -> Result<u64, Invalid> {

@@ -27,12 +27,12 @@ use serde_json::Value;
 
 use super::event::{self, Event, EventKind, Invalid};
 use super::journal::{self, Effect, Entry, Journal, JournalError};
-use super::ledger::{Award, AwardKind, TrustLedger};
+use super::ledger::{pass_id, pass_scope, Award, AwardKind, TrustLedger, POINTS_ONLY};
 use crate::clock::Clock;
 use crate::input::RequestError;
 use crate::metrics::Metrics;
 use crate::refund::Refunds;
-use crate::rules::RuleSet;
+use crate::rules::{RuleSet, Scene};
 use crate::store::StoreError;
 
 /// How often the replayer looks for pending entries: a store back from an outage sees
@@ -131,6 +131,7 @@ fn award_kind(kind: EventKind) -> Option<AwardKind> {
     match kind {
         EventKind::PaymentSucceeded => Some(AwardKind::PaymentSucceeded),
         EventKind::IdentityVerified => Some(AwardKind::IdentityVerified),
+        EventKind::ChallengePassed => Some(AwardKind::ChallengePassed),
         EventKind::BenefitRolledBack => None,
     }
 }
@@ -205,6 +206,9 @@ impl Events {
         for (entry, slot) in entries.iter().zip(&placed) {
             let result = if let Some(seq) = slot {
                 seqs.push(*seq);
+                if entry.kind == EventKind::ChallengePassed {
+                    self.metrics.challenge_pass(pass_scene(entry));
+                }
                 "accepted"
             } else {
                 "duplicate"
@@ -237,12 +241,21 @@ impl Events {
 
     /// The journal entry of one valid event: its effect decided now, from `rules`.
     fn entry(&self, rules: &RuleSet, ev: &Event<'_>, now: u64) -> Result<Entry, Invalid> {
+        let invalid = |error| Invalid {
+            at: ev.at.clone(),
+            error,
+            kind: Some(ev.kind),
+        };
         let effect = match award_kind(ev.kind) {
-            None => Effect::Refund(self.refunds.op(rules, ev.raw).map_err(|error| Invalid {
-                at: ev.at.clone(),
-                error,
-                kind: Some(ev.kind),
-            })?),
+            None => Effect::Refund(self.refunds.op(rules, ev.raw).map_err(invalid)?),
+            Some(AwardKind::ChallengePassed) => {
+                let awards = passes(rules, ev, now).map_err(invalid)?;
+                if awards.is_empty() {
+                    Effect::None
+                } else {
+                    Effect::Awards(awards)
+                }
+            }
             Some(kind) => award(rules, ev, kind, now).map_or(Effect::None, Effect::Award),
         };
         Ok(Entry {
@@ -252,6 +265,7 @@ impl Events {
             occurred_at_ms: ev.occurred_at_ms,
             accepted_at_ms: now,
             effect,
+            scene: ev.scene.clone(),
         })
     }
 
@@ -305,7 +319,7 @@ impl Events {
                 };
                 match self.apply_one(&entry).await {
                     Ok(()) => {
-                        awarded |= matches!(entry.effect, Effect::Award(_));
+                        awarded |= matches!(entry.effect, Effect::Award(_) | Effect::Awards(_));
                         refunded |= matches!(entry.effect, Effect::Refund(_));
                         done.push((seq, entry.kind));
                     }
@@ -346,6 +360,14 @@ impl Events {
             Effect::Award(award) => self.ledger.award(award).await.inspect_err(|_| {
                 self.metrics.trust_error("award");
             }),
+            Effect::Awards(awards) => {
+                for award in awards {
+                    self.ledger.award(award).await.inspect_err(|_| {
+                        self.metrics.trust_error("award");
+                    })?;
+                }
+                Ok(())
+            }
             // Ok(false): already refunded (or the request expired) — the goal is reached.
             Effect::Refund(op) => self.refunds.apply(op).await.map(|_| ()),
         }
@@ -449,6 +471,7 @@ fn award(rules: &RuleSet, ev: &Event<'_>, kind: AwardKind, now: u64) -> Option<A
     let cfg = match kind {
         AwardKind::PaymentSucceeded => trust.payment_succeeded,
         AwardKind::IdentityVerified => trust.identity_verified,
+        AwardKind::ChallengePassed => trust.challenge_passed,
     }?;
     let expires_at_ms = ev.occurred_at_ms.min(now).saturating_add(cfg.ttl_ms);
     if cfg.points == 0 || expires_at_ms <= now {
@@ -461,6 +484,73 @@ fn award(rules: &RuleSet, ev: &Event<'_>, kind: AwardKind, now: u64) -> Option<A
         points: cfg.points,
         expires_at_ms,
     })
+}
+
+/// The scene a journaled pass names, for the metric: `all` when it named none.
+fn pass_scene(entry: &Entry) -> &str {
+    entry.scene.as_deref().unwrap_or("all")
+}
+
+/// What a `challenge_passed` event leaves under `rules` at `now`: a pass for its scene
+/// (or for every scene that can challenge, without one), scoped to its device when it
+/// names one, until `occurred_at + pass_ttl`; and the points `[trust].challenge_passed`
+/// gives, if any. A pass already past its `pass_ttl` leaves nothing. A scene the rules do
+/// not know, one that never challenges, or a device id the rules' pattern refuses is an
+/// error naming the field.
+fn passes(rules: &RuleSet, ev: &Event<'_>, now: u64) -> Result<Vec<Award>, RequestError> {
+    let field = |field: &str, message: String| RequestError::InvalidField {
+        field: field.to_string(),
+        message,
+    };
+    let Some(user_id) = ev.user_id.clone() else {
+        return Err(field("user_id", "is required for challenge_passed".into()));
+    };
+    if let (Some(device), Some(pattern)) = (&ev.device_id, &rules.validation.device_id) {
+        if !pattern.is_match(device) {
+            return Err(field(
+                "device_id",
+                format!("does not match the rules' [validation].device_id pattern {pattern}"),
+            ));
+        }
+    }
+    let scenes: Vec<&Scene> = match &ev.scene {
+        Some(name) => {
+            let scene = rules.scenes.get(name).ok_or_else(|| {
+                field(
+                    "scene",
+                    format!("{name:?} is not a scene of the current rules"),
+                )
+            })?;
+            if scene.challenge.is_none() {
+                return Err(field(
+                    "scene",
+                    format!("{name:?} has no [scene.{name}.challenge]: it never challenges"),
+                ));
+            }
+            vec![scene]
+        }
+        None => rules.scenes.values().map(|s| &**s).collect(),
+    };
+    // A sender's clock must not stretch a pass: a future `occurred_at` counts from now.
+    let at = ev.occurred_at_ms.min(now);
+    let device = ev.device_id.as_deref();
+    let mut awards: Vec<Award> = scenes
+        .into_iter()
+        .filter_map(|s| Some((s, s.challenge.as_ref()?)))
+        .map(|(s, c)| Award {
+            event_id: pass_id(&pass_scope(&s.name, device), &ev.event_id),
+            user_id: user_id.clone(),
+            kind: AwardKind::ChallengePassed,
+            points: 0,
+            expires_at_ms: at.saturating_add(c.pass_ttl_ms),
+        })
+        .filter(|a| a.expires_at_ms > now)
+        .collect();
+    if let Some(mut points) = award(rules, ev, AwardKind::ChallengePassed, now) {
+        points.event_id = pass_id(POINTS_ONLY, &ev.event_id);
+        awards.push(points);
+    }
+    Ok(awards)
 }
 
 /// The journal failing under the replayer is, to its caller, the same as a store that

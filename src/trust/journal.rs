@@ -45,6 +45,9 @@ pub enum Effect {
     /// Nothing (no `[trust]` for the type, or the award had already expired).
     None,
     Award(Award),
+    /// A challenge pass: one award per scene it lifts (and its points, when the rules
+    /// give some), each recorded once.
+    Awards(Vec<Award>),
     Refund(RefundOp),
 }
 
@@ -57,6 +60,9 @@ pub struct Entry {
     pub occurred_at_ms: u64,
     pub accepted_at_ms: u64,
     pub effect: Effect,
+    /// A challenge pass's scene, when it named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scene: Option<String>,
 }
 
 /// The journal could not read or write its database. Names the folder.
@@ -320,6 +326,7 @@ mod tests {
             occurred_at_ms: accepted_at_ms,
             accepted_at_ms,
             effect: Effect::None,
+            scene: None,
         }
     }
 

@@ -121,11 +121,7 @@ pub fn member(award: &Award) -> String {
 fn parse_member(m: &str) -> Option<(u32, AwardKind, &str)> {
     let (points, rest) = m.split_once(':')?;
     let (kind, event_id) = rest.split_once(':')?;
-    let kind = match kind {
-        "payment_succeeded" => AwardKind::PaymentSucceeded,
-        "identity_verified" => AwardKind::IdentityVerified,
-        _ => return None,
-    };
+    let kind = AwardKind::from_name(kind)?;
     Some((points.parse().ok()?, kind, event_id))
 }
 

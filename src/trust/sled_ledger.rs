@@ -18,7 +18,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::ledger::{Award, AwardKind, TrustLedger, TrustRead};
+use super::ledger::{scope_of, Award, AwardKind, TrustLedger, TrustRead};
 use crate::clock::Clock;
 use crate::keys::SEEN_RETENTION_MS;
 use crate::store::StoreError;
@@ -116,10 +116,25 @@ impl SledLedger {
 
     /// The user's unexpired points at `now`, uncapped.
     pub fn points(&self, user_id: &str, now: u64) -> Result<u32, StoreError> {
-        Ok(self
-            .live(user_id, now)?
+        Ok(self.points_and_pass(user_id, &[], now)?.0)
+    }
+
+    /// The user's unexpired points at `now`, uncapped, and whether an unexpired challenge
+    /// pass has one of `scopes` ([`super::ledger::pass_scope`]): one read for a check.
+    pub fn points_and_pass(
+        &self,
+        user_id: &str,
+        scopes: &[&str],
+        now: u64,
+    ) -> Result<(u32, bool), StoreError> {
+        let live = self.live(user_id, now)?;
+        let points = live
             .iter()
-            .fold(0u32, |sum, a| sum.saturating_add(a.points)))
+            .fold(0u32, |sum, a| sum.saturating_add(a.points));
+        let passed = live
+            .iter()
+            .any(|a| scope_of(a.kind, &a.event_id).is_some_and(|s| scopes.contains(&s)));
+        Ok((points, passed))
     }
 
     /// The user's first sighting, marking the user seen when asked.

@@ -121,6 +121,7 @@ struct Seen {
     allow: u32,
     limit_deny: u32,
     score_deny: u32,
+    challenge: u32,
     duplicate: u32,
     fired: u32,
     new_account: u32,
@@ -138,6 +139,7 @@ impl Seen {
                     Outcome::Allowed { .. } => self.allow += 1,
                     Outcome::Denied { .. } => self.limit_deny += 1,
                     Outcome::ScoreDeny => self.score_deny += 1,
+                    Outcome::Challenged { .. } => self.challenge += 1,
                 }
                 self.fired += j.signals.iter().filter(|s| s.fired).count() as u32;
                 self.new_account += u32::from(j.facts.new_account == Some(true));

@@ -34,8 +34,8 @@ use vigia::decide::embedded::EmbeddedDecider;
 use vigia::decide::math::{effective_max, score as math_score};
 use vigia::decide::redis::RedisDecider;
 use vigia::decide::{
-    CheckPlan, Decided, Decider, Judgement, LimitPlan, LimitValue, Outcome, ScorePlan, SignalPlan,
-    SignalValue, TrustPlan,
+    CheckPlan, Decided, Decider, Judgement, LimitPlan, LimitValue, Outcome, PassScopes, ScorePlan,
+    SignalPlan, SignalValue, TrustPlan,
 };
 use vigia::keys::KeyPrefix;
 use vigia::metrics::Metrics;
@@ -45,6 +45,7 @@ use vigia::signal::signal_cap;
 use vigia::store::embedded::EmbeddedStore;
 use vigia::store::redis::{record_tag, RedisStore};
 use vigia::store::{LimitState, RefundOp, WindowStore, EXPIRY_MARGIN_MS};
+use vigia::trust::ledger::{pass_id, pass_scope};
 use vigia::trust::{journal, Award, AwardKind, RedisLedger, SledLedger, TrustLedger};
 
 use crate::common::{RedisCluster, RedisServer};
@@ -60,6 +61,8 @@ const HOUR: u64 = 60 * MIN;
 const PREFIX: &str = "vg";
 /// The scene's key prefix (`<prefix>:<scene>`).
 const SCENE: &str = "vg:t";
+/// The scene's name.
+const SCENE_NAME: &str = "t";
 /// `[trust]` of every plan with trust, unless a case changes it.
 const SEEN_TTL: u64 = 30 * DAY;
 const YOUNGER_THAN: u64 = 7 * DAY;
@@ -158,6 +161,7 @@ fn trust() -> TrustPlan {
         discount_per_point: DISCOUNT,
         new_account: Some((YOUNGER_THAN, NEW_FACTOR)),
         new_device_ms: Some(NEW_DEVICE),
+        passes: None,
     }
 }
 
@@ -197,6 +201,25 @@ trait PlanExt: Sized {
             weights: vec![0.0; n],
             new_account_weight,
             silent_deny_at,
+            challenge_at: None,
+        });
+        self
+    }
+    /// The score's challenge band starts at `at` (after [`PlanExt::score`]).
+    fn challenge(mut self, at: f64) -> Self {
+        self.plan()
+            .score
+            .as_mut()
+            .expect("a band needs a score")
+            .challenge_at = Some(at);
+        self
+    }
+    /// The scene can challenge: passes of `SCENE_NAME` (on any device, or on `device`)
+    /// lift the band.
+    fn passes(mut self, device: Option<&str>) -> Self {
+        self.trust_mut().passes = Some(PassScopes {
+            any_device: pass_scope(SCENE_NAME, None),
+            this_device: device.map(|d| pass_scope(SCENE_NAME, Some(d))),
         });
         self
     }
@@ -347,7 +370,9 @@ impl LimitExt for LimitPlan {
 
 fn limits_of(j: &Judgement) -> &[LimitValue] {
     match &j.outcome {
-        Outcome::Allowed { limits } | Outcome::Denied { limits } => limits,
+        Outcome::Allowed { limits }
+        | Outcome::Denied { limits }
+        | Outcome::Challenged { limits } => limits,
         Outcome::ScoreDeny => panic!("a score deny has no limits: {j:?}"),
     }
 }
@@ -356,6 +381,14 @@ fn limits_of(j: &Judgement) -> &[LimitValue] {
 fn allowed(j: &Judgement) -> Vec<u64> {
     let Outcome::Allowed { limits } = &j.outcome else {
         panic!("expected an allow, got {j:?}");
+    };
+    limits.iter().map(|l| l.state.count).collect()
+}
+
+/// Asserts a challenge; the per-limit counts (before the request: nothing was counted).
+fn challenged(j: &Judgement) -> Vec<u64> {
+    let Outcome::Challenged { limits } = &j.outcome else {
+        panic!("expected a challenge, got {j:?}");
     };
     limits.iter().map(|l| l.state.count).collect()
 }
@@ -655,6 +688,23 @@ impl Env {
             user_id: user.to_string(),
             kind: AwardKind::PaymentSucceeded,
             points,
+            expires_at_ms,
+        };
+        match &self.backend {
+            Backend::Redis { ledger, .. } => ledger.award(&award).await.expect("award"),
+            Backend::Cluster { ledger, .. } => ledger.award(&award).await.expect("award"),
+            Backend::Embedded { ledger, .. } => ledger.award(&award).await.expect("award"),
+        }
+    }
+
+    /// Records a challenge pass of `user` for [`SCENE_NAME`] (on `device`, or any) until
+    /// `expires_at_ms`, as the events service does.
+    async fn pass(&self, user: &str, device: Option<&str>, event_id: &str, expires_at_ms: u64) {
+        let award = Award {
+            event_id: pass_id(&pass_scope(SCENE_NAME, device), event_id),
+            user_id: user.to_string(),
+            kind: AwardKind::ChallengePassed,
+            points: 0,
             expires_at_ms,
         };
         match &self.backend {
@@ -1985,6 +2035,7 @@ on_every_decider! {
                 Outcome::ScoreDeny => "score",
                 Outcome::Allowed { .. } => "allow",
                 Outcome::Denied { .. } => "deny",
+                Outcome::Challenged { .. } => "challenge",
             });
         }
         assert_eq!(
@@ -2162,6 +2213,108 @@ on_every_decider! {
             env.decide(&plan("r1", long_ago())).await,
             Decided::Duplicate { of: "r1".into() },
             "a refunded request is still a repeat"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_score_in_the_challenge_band_is_challenged_and_consumes_nothing(env: Env) {
+        // "always" fires on every request: 0.5, in [0.4, 0.7).
+        let plan = |id: &str| {
+            check(id)
+                .user("ann")
+                .created(long_ago())
+                .score(0.7, None)
+                .challenge(0.4)
+                .passes(None)
+                .weighted(signal("always", Count::Requests, id, HOUR, 0), 0.5)
+                .limit(sliding("uid:ann", HOUR, 2))
+        };
+        let first = env.judged(&plan("r1")).await;
+        assert_eq!((first.score, first.facts.passed), (0.5, Some(false)));
+        assert_eq!(challenged(&first), [0], "nothing counted");
+        // Recorded nothing: the same request id is decided anew, not a repeat.
+        env.at(SEC);
+        assert_eq!(challenged(&env.judged(&plan("r1")).await), [0]);
+        assert!(env.window_keys().iter().all(|k| !k.ends_with("uid:ann")), "{:?}", env.window_keys());
+
+        env.pass("ann", None, "p1", t0() + 2 * HOUR).await;
+        env.at(2 * SEC);
+        let passed = env.judged(&plan("r1")).await;
+        assert_eq!(passed.facts.passed, Some(true));
+        assert_eq!(allowed(&passed), [1], "the pass lifts the band; the claim counts");
+        assert_eq!(
+            env.decide(&plan("r1")).await,
+            Decided::Duplicate { of: "r1".into() },
+            "the allowed claim is a repeat now"
+        );
+        allowed(&env.judged(&plan("r2")).await);
+        // A limit deny outranks the band: full, the user is denied, not asked to prove
+        // themselves first.
+        let full = env.judged(&plan("r3")).await;
+        assert!(denied(&full)[0].exceeded, "{full:?}");
+    }
+
+    #[tokio::test]
+    async fn a_pass_lifts_the_band_on_its_device_until_it_expires(env: Env) {
+        let plan = |id: &str, device: &str| {
+            check(id)
+                .user("bea")
+                .device(device)
+                .created(long_ago())
+                .score(0.7, None)
+                .challenge(0.4)
+                .passes(Some(device))
+                .weighted(signal("always", Count::Requests, id, HOUR, 0), 0.5)
+        };
+        env.pass("bea", Some("phone"), "p1", t0() + 2 * HOUR).await;
+        // Another user's pass lifts nothing.
+        env.pass("cid", None, "p2", t0() + 2 * HOUR).await;
+        allowed(&env.judged(&plan("r1", "phone")).await);
+        let other = env.judged(&plan("r2", "laptop")).await;
+        assert_eq!(other.facts.passed, Some(false), "passed on another device");
+        challenged(&other);
+        // Past the pass's expiry the band is back.
+        env.at(2 * HOUR);
+        challenged(&env.judged(&plan("r3", "phone")).await);
+    }
+
+    #[tokio::test]
+    async fn a_pass_never_lifts_a_score_at_the_line(env: Env) {
+        let plan = |id: &str| {
+            check(id)
+                .user("dan")
+                .created(long_ago())
+                .score(0.7, None)
+                .challenge(0.4)
+                .passes(None)
+                .weighted(signal("always", Count::Requests, id, HOUR, 0), 0.8)
+        };
+        env.pass("dan", None, "p1", t0() + 2 * HOUR).await;
+        let j = env.judged(&plan("r1")).await;
+        assert_eq!((j.score, &j.outcome), (0.8, &Outcome::ScoreDeny));
+    }
+
+    #[tokio::test]
+    async fn a_challenged_claim_leaves_its_idempotency_key_free(env: Env) {
+        let plan = |id: &str| {
+            check(id)
+                .user("eve")
+                .created(long_ago())
+                .idem("k1")
+                .score(0.7, None)
+                .challenge(0.4)
+                .passes(None)
+                .weighted(signal("always", Count::Requests, id, HOUR, 0), 0.5)
+                .limit(sliding("uid:eve", HOUR, 5))
+        };
+        challenged(&env.judged(&plan("r1")).await);
+        env.pass("eve", None, "p1", t0() + 2 * HOUR).await;
+        // The retry after the pass, under the same key and a new request id, is decided
+        // anew and counted once.
+        assert_eq!(allowed(&env.judged(&plan("r2")).await), [1]);
+        assert_eq!(
+            env.decide(&plan("r3")).await,
+            Decided::Duplicate { of: "r2".into() }
         );
     }
 }

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use super::diag::Diag;
 use super::limits::{compile_limits, compile_overrides};
 use super::signals::{compile_behaviour, compile_score, compile_signals};
-use crate::rules::raw::{key_segment, RawGateway, RawScene, RawSceneHead};
-use crate::rules::{Behaviour, Dimension, Gateway, Scene, StoreErrorPolicy};
+use crate::rules::raw::{key_segment, RawChallenge, RawGateway, RawScene, RawSceneHead};
+use crate::rules::{Behaviour, Challenge, Dimension, Gateway, Scene, StoreErrorPolicy};
 
 const POLICIES: [(&str, StoreErrorPolicy); 3] = [
     ("fail_open", StoreErrorPolicy::FailOpen),
@@ -65,6 +65,7 @@ pub fn compile_scene(d: &mut Diag, raw: &RawScene, facts: &SetFacts) -> Option<S
         .score
         .as_ref()
         .map(|s| compile_score(d, &path, raw, s, facts.new_account));
+    let challenge = compile_challenge(d, &path, raw);
 
     let head = head?;
     // The shorthands live on as `signals`; one that did not compile fails the scene.
@@ -83,6 +84,57 @@ pub fn compile_scene(d: &mut Diag, raw: &RawScene, facts: &SetFacts) -> Option<S
         overrides: overrides?,
         signals: signals?,
         score: score.map_or(Some(None), |s| s.map(Some))?,
+        challenge: challenge?,
+    })
+}
+
+/// `[scene.X.challenge]`, and that it goes with a way to answer challenge: a band needs
+/// the section (the answer says what to ask), and the section needs a band.
+fn compile_challenge(d: &mut Diag, path: &str, raw: &RawScene) -> Option<Option<Challenge>> {
+    let band = raw.score.as_ref().and_then(|s| s.challenge_at.as_ref());
+    let Some(c) = &raw.challenge else {
+        if let Some(at) = band {
+            d.at(
+                &at.span(),
+                format!(
+                    "{path}.score.challenge_at: the scene can answer challenge, so it needs [{path}.challenge] with kind and pass_ttl"
+                ),
+            );
+            return None;
+        }
+        return Some(None);
+    };
+    let compiled = challenge(d, path, c);
+    // A section nothing can trigger is a mistake the operator would want to hear of.
+    if band.is_none() {
+        d.at(
+            &c.kind.span(),
+            format!(
+                "{path}.challenge: nothing answers challenge in this scene: set [{path}.score].challenge_at"
+            ),
+        );
+        return None;
+    }
+    compiled.map(Some)
+}
+
+fn challenge(d: &mut Diag, path: &str, raw: &RawChallenge) -> Option<Challenge> {
+    let kind = raw.kind.get_ref().trim();
+    let kind_ok = if kind.is_empty() {
+        d.at(
+            &raw.kind.span(),
+            format!("{path}.challenge.kind: empty (what the backend asks: captcha, sms…)"),
+        );
+        false
+    } else {
+        true
+    };
+    let pass_ttl_ms = d.duration(&format!("{path}.challenge.pass_ttl"), &raw.pass_ttl);
+    kind_ok.then_some(())?;
+    Some(Challenge {
+        kind: kind.to_string(),
+        message: raw.message.as_ref().map(|m| m.get_ref().clone()),
+        pass_ttl_ms: pass_ttl_ms?,
     })
 }
 

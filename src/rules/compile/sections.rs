@@ -23,6 +23,7 @@ use crate::rules::{Attribute, Network, NewAccount, NewDevice, Trust, TrustAward,
 pub fn compile_trust(d: &mut Diag, at: &Range<usize>, t: &RawTrust) -> Option<Trust> {
     let payment_succeeded = award(d, "trust.payment_succeeded", t.payment_succeeded.as_ref());
     let identity_verified = award(d, "trust.identity_verified", t.identity_verified.as_ref());
+    let challenge_passed = award(d, "trust.challenge_passed", t.challenge_passed.as_ref());
     let max_points = match &t.max_points {
         Some(n) => d.at_least_u32("trust.max_points", n, 0),
         None => {
@@ -55,6 +56,7 @@ pub fn compile_trust(d: &mut Diag, at: &Range<usize>, t: &RawTrust) -> Option<Tr
     Some(Trust {
         payment_succeeded: payment_succeeded?,
         identity_verified: identity_verified?,
+        challenge_passed: challenge_passed?,
         max_points: max_points?,
         bonus_per_point: bonus_per_point?,
         score_discount_per_point: score_discount_per_point?,

@@ -273,9 +273,28 @@ pub fn compile_score(
         &raw.silent_deny_at,
         false,
     );
+    let challenge_at = match (&raw.challenge_at, silent_deny_at) {
+        (None, _) => Some(None),
+        (Some(at), deny_at) => {
+            let field = format!("{path}.challenge_at");
+            match (d.fraction(&field, at, false), deny_at) {
+                (Some(x), Some(deny_at)) if x >= deny_at => {
+                    d.at(
+                        &at.span(),
+                        format!(
+                            "{field}: {x} is not below silent_deny_at ({deny_at}): the challenge band is [challenge_at, silent_deny_at)"
+                        ),
+                    );
+                    None
+                }
+                (x, _) => x.map(Some),
+            }
+        }
+    };
     Some(Score {
         weights: ok.then_some(weights)?,
         silent_deny_at: silent_deny_at?,
+        challenge_at: challenge_at?,
     })
 }
 

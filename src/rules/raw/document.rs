@@ -96,6 +96,7 @@ fn read_scene(
         signals: Vec::new(),
         behaviour: None,
         score: None,
+        challenge: None,
         complete: false,
     };
     let body_span = body.span();
@@ -118,6 +119,10 @@ fn read_scene(
             "score" => {
                 scene.score = read(src, &part, value, errors);
                 complete &= scene.score.is_some();
+            }
+            "challenge" => {
+                scene.challenge = read(src, &part, value, errors);
+                complete &= scene.challenge.is_some();
             }
             _ => {
                 head.insert(key, value);
