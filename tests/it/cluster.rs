@@ -59,8 +59,9 @@ impl Node {
         .await
     }
 
-    /// A node on `backend` at `url` (one Redis, or a cluster's seed nodes).
-    async fn start_on(
+    /// A node on `backend` at `url` (one Redis, or a cluster's seed nodes; unused for the
+    /// embedded store).
+    pub(crate) async fn start_on(
         backend: StoreBackend,
         url: &str,
         rules: &str,
@@ -97,9 +98,14 @@ impl Node {
     }
 
     pub(crate) async fn check(&self, body: &Value) -> (u16, Value) {
+        self.post("/v1/check", body).await
+    }
+
+    /// POSTs `body` to `path`: (status, JSON answer).
+    pub(crate) async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let resp = self
             .client
-            .post(format!("{}/v1/check", self.base))
+            .post(format!("{}{path}", self.base))
             .json(body)
             .send()
             .await

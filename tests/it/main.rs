@@ -4,6 +4,7 @@
 mod common;
 
 mod auth;
+mod challenge;
 mod client_example;
 mod clock;
 mod cluster;
