@@ -316,6 +316,36 @@ mod tests {
     }
 
     #[test]
+    fn a_pass_names_its_scene_and_device_or_neither() {
+        let pass = json!({"event_id": "p", "type": "challenge_passed", "user_id": 7,
+                          "device_id": 12345678, "scene": "claim",
+                          "occurred_at": "2026-01-02T03:04:05Z"});
+        let events = parse_body(&pass).unwrap();
+        assert_eq!(events[0].kind, EventKind::ChallengePassed);
+        assert_eq!(events[0].scene.as_deref(), Some("claim"));
+        assert_eq!(events[0].device_id.as_deref(), Some("12345678"));
+        let bare = json!({"event_id": "p", "type": "challenge_passed", "user_id": "u",
+                          "occurred_at": "2026-01-02T03:04:05Z"});
+        let events = parse_body(&bare).unwrap();
+        assert_eq!(
+            (events[0].scene.as_ref(), events[0].device_id.as_ref()),
+            (None, None)
+        );
+        for (field_name, bad) in [
+            ("scene", json!(3)),
+            ("scene", json!("")),
+            ("device_id", json!([])),
+        ] {
+            let mut e = bare.clone();
+            e[field_name] = bad;
+            assert_eq!(field(&parse_body(&e).unwrap_err()), field_name);
+        }
+        let mut no_user = bare.clone();
+        no_user.as_object_mut().unwrap().remove("user_id");
+        assert_eq!(field(&parse_body(&no_user).unwrap_err()), "user_id");
+    }
+
+    #[test]
     fn a_rollback_needs_no_user() {
         let e = json!({"event_id": "r", "type": "benefit_rolled_back", "scene": "s",
                        "request_id": "req1", "occurred_at": "2026-01-02T03:04:05+01:00"});

@@ -93,7 +93,8 @@ pub fn compile_scene(d: &mut Diag, raw: &RawScene, facts: &SetFacts) -> Option<S
 fn compile_challenge(d: &mut Diag, path: &str, raw: &RawScene) -> Option<Option<Challenge>> {
     let band = raw.score.as_ref().and_then(|s| s.challenge_at.as_ref());
     let Some(c) = &raw.challenge else {
-        if let Some(at) = band {
+        // A section that could not be read is reported on its own (`complete` is false).
+        if let (Some(at), true) = (band, raw.complete) {
             d.at(
                 &at.span(),
                 format!(

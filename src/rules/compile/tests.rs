@@ -1,6 +1,7 @@
 //! Tests of rule compilation: the shipped folder, every validation rule (file, line and
 //! field of its error), set-wide rules, versions and durations.
 
+mod challenge;
 mod dimensions;
 mod fields;
 mod grammar;
