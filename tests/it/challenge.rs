@@ -144,6 +144,15 @@ async fn a_pass_lets_the_claim_through_on_the_embedded_store() {
         .await
         .expect("node");
     challenge_then_pass_then_allow(&node, &node).await;
+    // Seen: challenges issued by scene and reason, passes reported by scene (a duplicate
+    // event is not a second pass).
+    let issued = r#"vigia_decisions_total{decision="challenge",layer="security",reason="score",scene="claim"}"#;
+    assert_eq!(node.counter(issued).await, 3);
+    assert_eq!(
+        node.counter(r#"vigia_challenge_passes_total{scene="claim"}"#)
+            .await,
+        3
+    );
 }
 
 #[actix_web::test]
