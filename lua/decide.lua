@@ -57,13 +57,15 @@ then, with [trust], 13:
                new_device.younger_than (ms, or "" without [trust].new_device), the scope
                of a challenge pass on any device and on this device ("" when no pass is
                looked for: the scene never challenges, or no user or device is named; a
-               group whose points are given looks for none)
+               group whose points are given looks for none, and may be given the fact
+               instead as "=0" or "=1" in the first)
 then, with [score], 3:
                the weight of new_account (float, or ""), silent_deny_at (float),
                challenge_at (float, or "" when the scene never challenges)
 then 10 per signal i:
                count ("users" "devices" "ips" "nets" "requests" "user_switches"), member,
-               filter ("" "new_account" "new_device" "untrusted"), window_ms, max, cap,
+               filter ("" "new_account" "new_device" "untrusted" "unverified"), window_ms,
+               max, cap,
                min_share (float, or ""), "1" when it has an all-requests key, "1" when it
                has a last-user key, weight (float, or "" when the score gives it none)
 then per limit j, 6 (8 with [trust]):
@@ -209,7 +211,9 @@ local function opt(i, what, owner, n)
   return num(i, what, owner, n)
 end
 
-local FILTERS = { [''] = true, new_account = true, new_device = true, untrusted = true }
+local FILTERS = {
+  [''] = true, new_account = true, new_device = true, untrusted = true, unverified = true,
+}
 local COUNTS = {
   users = true, devices = true, ips = true, nets = true, requests = true, user_switches = true,
 }
@@ -262,8 +266,11 @@ if has_trust then
     na_younger = opt(a + 8, 'new_account younger_than'),
     na_factor = opt(a + 9, 'new_account max_factor'),
     nd_younger = opt(a + 10, 'new_device younger_than'),
-    -- The ledger ids of the passes that lift the challenge band start with these.
-    pass_any = ARGV[a + 11] ~= '' and (ARGV[a + 11] .. '/') or nil,
+    -- The ledger ids of the passes that lift the challenge band start with these
+    -- ("=0" or "=1" instead: the fact is given, read by the points' slot group).
+    pass_any = ARGV[a + 11] ~= '' and string.sub(ARGV[a + 11], 1, 1) ~= '='
+      and (ARGV[a + 11] .. '/') or nil,
+    given_passed = tonumber(string.match(ARGV[a + 11] or '', '^=([01])$')),
     pass_device = ARGV[a + 12] ~= '' and (ARGV[a + 12] .. '/') or nil,
     -- Facts another slot group read (Redis Cluster): nil when not given.
     given_points = given(a),
@@ -491,6 +498,9 @@ local function sighting(key)
 end
 
 if trust then
+  if trust.given_passed then
+    passed = trust.given_passed
+  end
   if trust.given_points then
     points = trust.given_points
   elseif trust.has_points then
@@ -542,6 +552,8 @@ local function passes(filter)
     return new_account == 1
   elseif filter == 'new_device' then
     return new_device == 1
+  elseif filter == 'unverified' then
+    return passed ~= 1
   end
   return points == 0
 end

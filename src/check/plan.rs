@@ -36,10 +36,14 @@ pub fn plan(
     let values = &req.values;
     let ip: Option<IpAddr> = values.ip.as_deref().and_then(|s| s.parse().ok());
     let (limits, index) = limits(&ks, scene, values, ip);
+    let idempotency_key = req
+        .idempotency_key
+        .as_deref()
+        .map(|k| ks.idempotency_key(values, &scene.required, k));
     let signals = scene
         .signals
         .iter()
-        .filter_map(|s| signal(&ks, s, req))
+        .filter_map(|s| signal(&ks, s, req, idempotency_key.as_deref()))
         .collect::<Vec<_>>();
     let score = scene.score.as_ref().map(|score| ScorePlan {
         weights: signals
@@ -53,10 +57,7 @@ pub fn plan(
     let plan = CheckPlan {
         record_key: ks.record_key(values, &scene.required, &req.request_id),
         records_key: ks.records_key(values, &scene.required),
-        idempotency_key: req
-            .idempotency_key
-            .as_deref()
-            .map(|k| ks.idempotency_key(values, &scene.required, k)),
+        idempotency_key,
         request_id: req.request_id.clone(),
         id_given: req.id_given,
         record_ttl_ms: scene.record_ttl_ms(record_horizon_ms),
@@ -122,11 +123,21 @@ pub fn member_of(value: &str) -> String {
     format!("{:016x}", entity_hash(value))
 }
 
-fn signal(ks: &KeySpace<'_>, s: &Signal, req: &CheckRequest) -> Option<SignalPlan> {
+/// `idempotency_key`: the check's, as a key (scoped to its first entity, so two users'
+/// keys never count as one claim).
+fn signal(
+    ks: &KeySpace<'_>,
+    s: &Signal,
+    req: &CheckRequest,
+    idempotency_key: Option<&str>,
+) -> Option<SignalPlan> {
     let values = &req.values;
     let member = match s.count.counted() {
         Some(dim) => member_of(values.get(&dim)?),
-        None => req.request_id.clone(),
+        // A claim is named by its idempotency key when it has one: its copies are one
+        // action of the user's (while it is challenged they are decided anew, and must
+        // not count as a script's tries).
+        None => idempotency_key.unwrap_or(&req.request_id).to_string(),
     };
     let key = ks.signal_key(SignalKey::Matching, &s.name, &s.per, values)?;
     let all_key = match s.min_share {

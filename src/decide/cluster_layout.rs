@@ -41,7 +41,8 @@ impl Fact {
     /// The fact a filter reads.
     fn of(filter: Filter) -> Fact {
         match filter {
-            Filter::Untrusted => Fact::Points,
+            // A pass is kept with the points.
+            Filter::Untrusted | Filter::Unverified => Fact::Points,
             Filter::NewAccount => Fact::NewAccount,
             Filter::NewDevice => Fact::NewDevice,
         }
@@ -220,6 +221,7 @@ impl Layout {
             points: facts.points.filter(|_| needs(Fact::Points)),
             new_account: facts.new_account.filter(|_| needs(Fact::NewAccount)),
             new_device: facts.new_device.filter(|_| needs(Fact::NewDevice)),
+            passed: facts.passed.filter(|_| needs(Fact::Points)),
             age_from_created: g.age_from_created,
         }
     }
@@ -354,6 +356,7 @@ mod tests {
                 points: None,
                 new_account: Some(Some(true)),
                 new_device: None,
+                passed: None,
                 age_from_created: false,
             }
         );

@@ -13,12 +13,14 @@ pub fn is_young(born_ms: u64, now_ms: u64, younger_than_ms: u64) -> bool {
     now_ms.saturating_sub(born_ms) < younger_than_ms
 }
 
-/// Does a request with these facts pass `filter`? An unknown age is not young.
+/// Does a request with these facts pass `filter`? An unknown age is not young; a pass not
+/// looked for is not a pass.
 pub fn passes(filter: Filter, facts: &Facts) -> bool {
     match filter {
         Filter::NewAccount => facts.new_account == Some(true),
         Filter::NewDevice => facts.new_device == Some(true),
         Filter::Untrusted => facts.points == 0,
+        Filter::Unverified => facts.passed != Some(true),
     }
 }
 

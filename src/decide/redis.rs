@@ -142,7 +142,8 @@ pub(super) fn limits_only(plan: &CheckPlan) -> bool {
 /// not young, and a user with no trust holds no points.
 pub(super) fn applies_without_trust(filter: Option<Filter>) -> bool {
     match filter {
-        None | Some(Filter::Untrusted) => true,
+        // Without [trust] (and so without a challenge to have passed) no one is verified.
+        None | Some(Filter::Untrusted | Filter::Unverified) => true,
         Some(Filter::NewAccount | Filter::NewDevice) => false,
     }
 }
@@ -259,6 +260,8 @@ pub(super) struct GivenFacts {
     pub points: Option<u32>,
     pub new_account: Option<Option<bool>>,
     pub new_device: Option<Option<bool>>,
+    /// Whether the user passed the scene's challenge, read with the points elsewhere.
+    pub passed: Option<Option<bool>>,
     /// The user's keys are in another slot, but the request gave `user_created_at`: the
     /// script reckons the user's age from it on its own master's clock, in the same
     /// round as the user's slot, rather than waiting to be given it.
@@ -454,9 +457,13 @@ pub(super) fn invocation(sha: &str, plan: &CheckPlan, part: &Part, now: Option<u
         opt(&mut cmd, t.new_account.map(|(younger, _)| younger));
         opt(&mut cmd, t.new_account.map(|(_, factor)| factor));
         opt(&mut cmd, t.new_device_ms);
-        // Passes are read with the points: only where the points key is real.
+        // Passes are read with the points: only where the points key is real; elsewhere
+        // the fact may be given ("=<0|1>", read by the points' group).
         let passes = t.passes.as_ref().filter(|_| part.holds_points);
-        opt(&mut cmd, passes.map(|p| p.any_device.as_str()));
+        match g.passed {
+            Some(passed) => cmd.arg(format!("={}", u8::from(passed == Some(true)))),
+            None => cmd.arg(passes.map_or("", |p| p.any_device.as_str())),
+        };
         opt(&mut cmd, passes.and_then(|p| p.this_device.as_deref()));
     }
     if let Some(score) = score {

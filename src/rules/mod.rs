@@ -278,7 +278,8 @@ pub enum Count {
     Nets,
     /// Changes of user (on a device, typically).
     UserSwitches,
-    /// Requests.
+    /// Requests: distinct claims, so a retry under the same `idempotency_key` (a double
+    /// click's copy, the claim sent again after a challenge) counts once.
     Requests,
 }
 
@@ -325,10 +326,19 @@ pub enum Filter {
     NewDevice,
     /// The user holds no trust points.
     Untrusted,
+    /// The user has not passed the scene's challenge within its `pass_ttl` (every request
+    /// of a scene that never challenges): what a backend sends again while its user is
+    /// still challenged.
+    Unverified,
 }
 
 impl Filter {
-    pub const ALL: [Filter; 3] = [Filter::NewAccount, Filter::NewDevice, Filter::Untrusted];
+    pub const ALL: [Filter; 4] = [
+        Filter::NewAccount,
+        Filter::NewDevice,
+        Filter::Untrusted,
+        Filter::Unverified,
+    ];
 
     /// The name used in rule files.
     pub fn name(self) -> &'static str {
@@ -336,6 +346,7 @@ impl Filter {
             Filter::NewAccount => "new_account",
             Filter::NewDevice => "new_device",
             Filter::Untrusted => "untrusted",
+            Filter::Unverified => "unverified",
         }
     }
 }

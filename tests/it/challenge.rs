@@ -74,9 +74,25 @@ async fn challenge_then_pass_then_allow(a: &Node, b: &Node) {
     let (_, repeat) = b.check(&claim("newbie", 0, "phone-0001", "k1")).await;
     assert_eq!(repeat["duplicate_of"], allowed["request_id"], "{repeat}");
 
-    // The pass was for that phone: on another device the same user is asked again.
-    let (status, elsewhere) = b.check(&claim("newbie", 0, "laptop-0001", "k2")).await;
+    // A pass for one phone: on another device the same user is asked again.
+    let (status, _) = a
+        .post("/v1/events", &pass("pass-m", "mover", Some("phone-0003")))
+        .await;
+    assert_eq!(status, 202);
+    let (status, elsewhere) = b.check(&claim("mover", 0, "laptop-0001", "m1")).await;
     assert_eq!(status, 403, "{elsewhere}");
+
+    // A second claim (a new key) sent while still challenged is what a script does: a
+    // backend waits for its user's pass. Strong evidence: silently denied.
+    let (status, _) = a.check(&claim("scripty", 0, "phone-0004", "s1")).await;
+    assert_eq!(status, 403);
+    let (status, scripted) = b.check(&claim("scripty", 0, "phone-0004", "s2")).await;
+    assert_eq!(status, 200, "{scripted}");
+    assert_eq!(
+        (&scripted["decision"], &scripted["score"]),
+        (&json!("silent_deny"), &json!(0.8)),
+        "{scripted}"
+    );
 
     // Strong evidence: two established accounts on a shared phone, then a third account,
     // new, that passed a challenge for it: 0.5 + 0.3 reaches the line, a silent deny.
@@ -147,11 +163,11 @@ async fn a_pass_lets_the_claim_through_on_the_embedded_store() {
     // Seen: challenges issued by scene and reason, passes reported by scene (a duplicate
     // event is not a second pass).
     let issued = r#"vigia_decisions_total{decision="challenge",layer="security",reason="score",scene="claim"}"#;
-    assert_eq!(node.counter(issued).await, 3);
+    assert_eq!(node.counter(issued).await, 4);
     assert_eq!(
         node.counter(r#"vigia_challenge_passes_total{scene="claim"}"#)
             .await,
-        3
+        4
     );
 }
 

@@ -2295,6 +2295,37 @@ on_every_decider! {
     }
 
     #[tokio::test]
+    async fn a_claim_sent_again_while_still_challenged_is_strong_evidence(env: Env) {
+        // "again" counts the user's requests while no pass lifts the band: the second
+        // one before a pass is what a script does, not a backend waiting for its user.
+        let plan = |id: &str| {
+            check(id)
+                .user("fay")
+                .created(long_ago())
+                .score(0.7, None)
+                .challenge(0.4)
+                .passes(None)
+                .weighted(signal("always", Count::Requests, id, HOUR, 0), 0.4)
+                .weighted(
+                    signal("again:fay", Count::Requests, id, HOUR, 1).only(Filter::Unverified),
+                    0.3,
+                )
+        };
+        let first = env.judged(&plan("r1")).await;
+        challenged(&first);
+        assert_eq!((sig(&first, 1).applies, value(&first, 1)), (true, 1));
+        env.at(SEC);
+        let again = env.judged(&plan("r2")).await;
+        assert_eq!((again.score, &again.outcome), (0.7, &Outcome::ScoreDeny));
+        env.pass("fay", None, "p1", t0() + 2 * HOUR).await;
+        env.at(2 * SEC);
+        let passed = env.judged(&plan("r3")).await;
+        assert!(!sig(&passed, 1).applies, "a verified user's requests are not counted");
+        assert_eq!(passed.score, 0.4);
+        allowed(&passed);
+    }
+
+    #[tokio::test]
     async fn a_challenged_claim_leaves_its_idempotency_key_free(env: Env) {
         let plan = |id: &str| {
             check(id)
