@@ -264,6 +264,7 @@ async fn the_cluster_decides_the_shipped_coupon_claim_as_one_redis_does() {
         seen.allow > 0
             && seen.limit_deny > 0
             && seen.score_deny > 0
+            && seen.challenge > 0
             && seen.duplicate > 0
             && seen.new_account > 0
             && seen.trusted > 0,
