@@ -60,7 +60,8 @@ pub struct Scenario {
     pub scene: String,
     /// When the drop opens, ms since the epoch.
     pub start_ms: u64,
-    /// Honest and NAT claims fall uniformly in `[start_ms, start_ms + span_ms)`.
+    /// Honest and NAT claims fall uniformly in `[start_ms, start_ms + span_ms)` (a
+    /// rusher's in its population's `rush.within`).
     pub span_ms: u64,
     /// Sent as `activity_id` on every check when set.
     pub activity_id: Option<String>,
@@ -75,7 +76,7 @@ pub struct Scenario {
 /// How honest and NAT users claim.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Habits {
-    /// Claims per user, each at a uniform time in the span.
+    /// Claims per user, each at a uniform time in the span (a rusher's in the rush).
     pub claims: u64,
     /// Share with one `payment_succeeded` event before the drop.
     pub paid_share: f64,
