@@ -14,8 +14,20 @@
 //! Served and unserved: a check is served when it is allowed (and, with a stock, gets a
 //! unit); a repeat of a counted request (`duplicate_of`) is neither. A user is unserved
 //! when none of their checks was served.
+//!
+//! Challenges: a check answered `challenge` is unserved; when its sender passes, the
+//! replay reports the pass (`challenges_passed`) and sends the check again — a retry,
+//! counted as a check of its own (`retries`), which may then be served. A user who was
+//! challenged and passed is unserved only if the retry was not served either.
+//!
+//! Cost: a label with a cohort line (see [`super::traffic`]) is priced — its accounts
+//! (distinct users), the distinct addresses and devices its checks came from, and the
+//! challenges it passed, each times its price — and the cost is divided by what it
+//! obtained: units with a stock, else allowed checks that were not repeats. A group's
+//! cost is its priced labels' costs added (an address two cohorts share is paid by each),
+//! over what those labels obtained.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -24,18 +36,23 @@ use crate::check::decision::{CheckResponse, Reason, Verdict};
 use crate::clock::rfc3339;
 use crate::input::RequestError;
 
-use super::traffic::Recorded;
+use super::traffic::{Cost, Recorded};
 
 /// How many examples of each changed decision or rejection the report keeps.
 const MAX_EXAMPLES: usize = 20;
 
 /// Per-label counts.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LabelReport {
+    /// Checks decided, retries included.
     pub checks: u64,
     pub allowed: u64,
     /// Answered challenge (the backend must verify the person first).
     pub challenged: u64,
+    /// `challenge_passed` events sent for this label's challenged checks.
+    pub challenges_passed: u64,
+    /// Checks sent again after a passed challenge (also counted in `checks`).
+    pub retries: u64,
     pub friendly_deny: u64,
     pub silent_deny: u64,
     /// Refused as invalid by this rule set (the 400 the service would answer).
@@ -48,15 +65,61 @@ pub struct LabelReport {
     pub users: u64,
     /// Users none of whose checks was served.
     pub users_unserved: u64,
+    /// Users silently denied at least once.
+    pub users_silently_denied: u64,
     /// With a stock: units this label got.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub units: Option<u64>,
     /// With a stock: checks allowed after it ran out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub too_late: Option<u64>,
+    /// With a cost: what this label's senders spent (see the module doc).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attacker_cost: Option<f64>,
+    /// With a cost: `attacker_cost` per unit obtained (per allowed check without a
+    /// stock); `null` when nothing was obtained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_per_unit: Option<Option<f64>>,
+    /// With a cost: what was counted to price it, and what it obtained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_basis: Option<CostBasis>,
+}
+
+/// What a priced label used — each multiplied by its price in the cohort line — and what
+/// it obtained for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CostBasis {
+    /// Distinct users.
+    pub accounts: u64,
+    /// Distinct `ip` values.
+    pub proxy_addresses: u64,
+    /// Distinct `device_id` values.
+    pub devices: u64,
+    /// Challenges passed.
+    pub challenges_solved: u64,
+    /// Units with a stock, else allowed checks that were not repeats.
+    pub obtained: u64,
+}
+
+impl CostBasis {
+    fn add(&mut self, o: &CostBasis) {
+        self.accounts += o.accounts;
+        self.proxy_addresses += o.proxy_addresses;
+        self.devices += o.devices;
+        self.challenges_solved += o.challenges_solved;
+        self.obtained += o.obtained;
+    }
+
+    fn priced(&self, cost: &Cost) -> f64 {
+        self.accounts as f64 * cost.account
+            + self.proxy_addresses as f64 * cost.proxy_address
+            + self.devices as f64 * cost.device
+            + self.challenges_solved as f64 * cost.challenge_solved
+    }
 }
 
 impl LabelReport {
+    /// Adds `o`'s counts (not its cost: a group's is reckoned from its labels').
     fn add(&mut self, o: &LabelReport) {
         let opt = |a: Option<u64>, b: Option<u64>| match (a, b) {
             (None, None) => None,
@@ -65,6 +128,8 @@ impl LabelReport {
         self.checks += o.checks;
         self.allowed += o.allowed;
         self.challenged += o.challenged;
+        self.challenges_passed += o.challenges_passed;
+        self.retries += o.retries;
         self.friendly_deny += o.friendly_deny;
         self.silent_deny += o.silent_deny;
         self.rejected += o.rejected;
@@ -72,8 +137,23 @@ impl LabelReport {
         self.unserved_checks += o.unserved_checks;
         self.users += o.users;
         self.users_unserved += o.users_unserved;
+        self.users_silently_denied += o.users_silently_denied;
         self.units = opt(self.units, o.units);
         self.too_late = opt(self.too_late, o.too_late);
+    }
+
+    /// What the label obtained, for its cost per unit: units with a stock, else allowed
+    /// checks that were not repeats.
+    fn obtained(&self) -> u64 {
+        self.units
+            .unwrap_or_else(|| self.allowed.saturating_sub(self.duplicates))
+    }
+
+    /// Sets the cost fields: what `basis` used cost `cost`.
+    fn set_cost(&mut self, basis: CostBasis, cost: f64) {
+        self.attacker_cost = Some(cost);
+        self.cost_per_unit = Some((basis.obtained > 0).then(|| cost / basis.obtained as f64));
+        self.cost_basis = Some(basis);
     }
 }
 
@@ -144,10 +224,15 @@ pub struct Transition {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
     pub rules_version: String,
+    /// Check and event lines of the file.
     pub lines: u64,
+    /// Checks decided: the file's, and retries after a passed challenge.
     pub checks: u64,
+    /// Event lines of the file applied.
     pub events: u64,
-    /// Time of the first and the last line.
+    /// `challenge_passed` events the replay sent for senders who passed (not in `events`).
+    pub challenges_passed: u64,
+    /// Time of the first line, and of the last line or retry.
     pub from: Option<String>,
     pub to: Option<String>,
     pub labels: BTreeMap<String, LabelReport>,
@@ -170,11 +255,41 @@ pub struct Fate {
     pub granted: Option<bool>,
 }
 
+/// One check as it was sent, for the tally.
+#[derive(Debug, Clone, Copy)]
+pub struct Sent<'a> {
+    /// The file line it came from (a retry: the line of the check it retries).
+    pub line: usize,
+    pub at_ms: u64,
+    pub label: &'a str,
+    pub user: Option<&'a str>,
+    /// Its `device_id` and `ip`: counted for a priced label.
+    pub device: Option<&'a str>,
+    pub ip: Option<&'a str>,
+    /// Sent again after a passed challenge.
+    pub retry: bool,
+}
+
+/// What became of one user of a label.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    served: bool,
+    silently_denied: bool,
+}
+
+/// What a priced label used, as it is seen.
+struct Spend {
+    cost: Cost,
+    addresses: HashSet<String>,
+    devices: HashSet<String>,
+}
+
 #[derive(Default)]
 struct LabelTally {
     report: LabelReport,
-    /// user id -> served at least once.
-    users: HashMap<String, bool>,
+    users: HashMap<String, Seen>,
+    /// A label with a cohort line: its prices and what it used so far.
+    spend: Option<Spend>,
 }
 
 /// Counts checks as they are decided; [`Tally::finish`] makes the [`Report`].
@@ -186,6 +301,7 @@ pub struct Tally {
     lines: u64,
     checks: u64,
     events: u64,
+    passes: u64,
     from: Option<u64>,
     to: Option<u64>,
     labels: BTreeMap<String, LabelTally>,
@@ -224,6 +340,7 @@ impl Tally {
             lines: 0,
             checks: 0,
             events: 0,
+            passes: 0,
             from: None,
             to: None,
             labels: BTreeMap::new(),
@@ -240,29 +357,51 @@ impl Tally {
         self.checks
     }
 
-    fn line_at(&mut self, at_ms: u64) {
-        self.lines += 1;
+    fn happened_at(&mut self, at_ms: u64) {
         self.from.get_or_insert(at_ms);
         self.to = Some(at_ms);
     }
 
+    /// A cohort line: `label`'s checks cost their senders `cost`. Comes before any check.
+    pub fn cohort(&mut self, label: &str, cost: Cost) {
+        self.label(label).spend = Some(Spend {
+            cost,
+            addresses: HashSet::new(),
+            devices: HashSet::new(),
+        });
+    }
+
     /// An event line was applied.
     pub fn event(&mut self, at_ms: u64) {
-        self.line_at(at_ms);
+        self.lines += 1;
+        self.happened_at(at_ms);
         self.events += 1;
+    }
+
+    /// A `challenge_passed` event was sent for a check of `label`.
+    pub fn challenge_passed(&mut self, label: &str) {
+        self.passes += 1;
+        self.label(label).report.challenges_passed += 1;
     }
 
     /// One check and what the check path answered.
     pub fn check(
         &mut self,
-        line: usize,
-        at_ms: u64,
-        label: &str,
-        user: Option<&str>,
+        sent: Sent<'_>,
         answer: &Result<CheckResponse, RequestError>,
         recorded: Option<&Recorded>,
     ) -> Fate {
-        self.line_at(at_ms);
+        let Sent {
+            line,
+            at_ms,
+            label,
+            user,
+            ..
+        } = sent;
+        if !sent.retry {
+            self.lines += 1;
+        }
+        self.happened_at(at_ms);
         self.checks += 1;
         let mut fate = Fate { granted: None };
         let served = match answer {
@@ -273,17 +412,30 @@ impl Tally {
                 Some(false)
             }
         };
+        let silent = matches!(answer, Ok(r) if r.decision.verdict() == Verdict::SilentDeny);
         let tally = self.label(label);
         tally.report.checks += 1;
+        tally.report.retries += u64::from(sent.retry);
         if served == Some(false) {
             tally.report.unserved_checks += 1;
         }
         if let Some(user) = user {
+            // Look up before inserting: one allocation per user, not per check.
             let seen = match tally.users.get_mut(user) {
                 Some(seen) => seen,
-                None => tally.users.entry(user.to_string()).or_insert(false),
+                None => tally.users.entry(user.to_string()).or_default(),
             };
-            *seen |= served == Some(true);
+            seen.served |= served == Some(true);
+            seen.silently_denied |= silent;
+        }
+        if let Some(spend) = &mut tally.spend {
+            let note = |set: &mut HashSet<String>, value: Option<&str>| {
+                if let Some(v) = value.filter(|v| !set.contains(*v)) {
+                    set.insert(v.to_string());
+                }
+            };
+            note(&mut spend.addresses, sent.ip);
+            note(&mut spend.devices, sent.device);
         }
         if let Some(recorded) = recorded {
             self.compare(line, recorded, answer);
@@ -406,20 +558,48 @@ impl Tally {
     /// The report.
     pub fn finish(self) -> Report {
         let mut labels = BTreeMap::new();
+        // Label -> (what it used, its cost), for the labels with a cohort line.
+        let mut priced: HashMap<String, (CostBasis, f64)> = HashMap::new();
         for (name, t) in self.labels {
             let mut report = t.report;
             report.users = t.users.len() as u64;
-            report.users_unserved = t.users.values().filter(|served| !**served).count() as u64;
+            report.users_unserved = t.users.values().filter(|s| !s.served).count() as u64;
+            report.users_silently_denied =
+                t.users.values().filter(|s| s.silently_denied).count() as u64;
             if self.stock.is_some() {
                 report.units.get_or_insert(0);
                 report.too_late.get_or_insert(0);
             }
+            if let Some(spend) = &t.spend {
+                let inputs = CostBasis {
+                    accounts: report.users,
+                    proxy_addresses: spend.addresses.len() as u64,
+                    devices: spend.devices.len() as u64,
+                    challenges_solved: report.challenges_passed,
+                    obtained: report.obtained(),
+                };
+                let cost = inputs.priced(&spend.cost);
+                report.set_cost(inputs, cost);
+                priced.insert(name.clone(), (inputs, cost));
+            }
             labels.insert(name, report);
         }
         let mut groups: BTreeMap<String, LabelReport> = BTreeMap::new();
+        // Group -> its priced labels' basis and cost.
+        let mut group_cost: BTreeMap<String, (CostBasis, f64)> = BTreeMap::new();
         for (label, r) in &labels {
             if let Some((group, _)) = label.split_once('/') {
                 groups.entry(group.to_string()).or_default().add(r);
+                if let Some((inputs, cost)) = priced.get(label) {
+                    let g = group_cost.entry(group.to_string()).or_default();
+                    g.0.add(inputs);
+                    g.1 += cost;
+                }
+            }
+        }
+        for (group, (basis, cost)) in group_cost {
+            if let Some(g) = groups.get_mut(&group) {
+                g.set_cost(basis, cost);
             }
         }
         let mut reasons: Vec<ReasonCount> = self
@@ -465,6 +645,7 @@ impl Tally {
             lines: self.lines,
             checks: self.checks,
             events: self.events,
+            challenges_passed: self.passes,
             from: self.from.map(rfc3339),
             to: self.to.map(rfc3339),
             labels,
@@ -535,16 +716,27 @@ impl Report {
             self.from.as_deref().unwrap_or("-"),
             self.to.as_deref().unwrap_or("-"),
         );
+        let retries: u64 = self.labels.values().map(|r| r.retries).sum();
+        if self.challenges_passed > 0 || retries > 0 {
+            let _ = writeln!(
+                out,
+                "{} challenges passed and reported, {retries} checks sent again after one",
+                self.challenges_passed
+            );
+        }
         out.push('\n');
         let mut rows = vec![[
             "label",
             "checks",
             "allowed",
+            "challenged",
+            "passed",
             "friendly",
             "silent",
             "rejected",
             "users",
             "users unserved",
+            "users silently denied",
         ]
         .map(String::from)
         .to_vec()];
@@ -553,11 +745,18 @@ impl Report {
                 label,
                 r.checks.to_string(),
                 r.allowed.to_string(),
+                r.challenged.to_string(),
+                r.challenges_passed.to_string(),
                 r.friendly_deny.to_string(),
                 r.silent_deny.to_string(),
                 r.rejected.to_string(),
                 r.users.to_string(),
                 format!("{} ({})", r.users_unserved, pct(r.users_unserved, r.users)),
+                format!(
+                    "{} ({})",
+                    r.users_silently_denied,
+                    pct(r.users_silently_denied, r.users)
+                ),
             ]);
         }
         table(&mut out, &rows);
@@ -605,6 +804,43 @@ impl Report {
                         pct(r.unserved_checks, r.checks)
                     ),
                     format!("{} ({})", r.users_unserved, pct(r.users_unserved, r.users)),
+                ]);
+            }
+            table(&mut out, &rows);
+        }
+
+        if self.rows().any(|(_, r)| r.attacker_cost.is_some()) {
+            out.push('\n');
+            let (obtained, per) = if self.stock.is_some() {
+                ("units", "cost per unit")
+            } else {
+                ("allowed", "cost per allowed check")
+            };
+            let mut rows = vec![vec![
+                "attacker cost".to_string(),
+                "accounts".into(),
+                "addresses".into(),
+                "devices".into(),
+                "challenges solved".into(),
+                "cost".into(),
+                obtained.into(),
+                per.into(),
+            ]];
+            for (label, r) in self.rows() {
+                let (Some(cost), Some(inputs)) = (r.attacker_cost, r.cost_basis) else {
+                    continue;
+                };
+                rows.push(vec![
+                    label,
+                    inputs.accounts.to_string(),
+                    inputs.proxy_addresses.to_string(),
+                    inputs.devices.to_string(),
+                    inputs.challenges_solved.to_string(),
+                    format!("{cost:.2}"),
+                    inputs.obtained.to_string(),
+                    r.cost_per_unit
+                        .flatten()
+                        .map_or("-".into(), |c| format!("{c:.2}")),
                 ]);
             }
             table(&mut out, &rows);
@@ -684,7 +920,20 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::decision::{Decision, FriendlyDeny, LimitReport, SignalReport};
+    use crate::check::decision::{ChallengeAsk, Decision, FriendlyDeny, LimitReport, SignalReport};
+
+    /// A check of the file (no retry), without a device or an address.
+    fn sent<'a>(line: usize, at_ms: u64, label: &'a str, user: Option<&'a str>) -> Sent<'a> {
+        Sent {
+            line,
+            at_ms,
+            label,
+            user,
+            device: None,
+            ip: None,
+            retry: false,
+        }
+    }
 
     fn allow() -> CheckResponse {
         CheckResponse::allow("s", "r", "v")
@@ -700,26 +949,250 @@ mod tests {
         deny(Decision::silent(Reason::Score))
     }
 
+    fn challenge() -> CheckResponse {
+        deny(Decision::Challenge {
+            reason: Reason::Score,
+            ask: ChallengeAsk {
+                kind: "captcha".into(),
+                message: None,
+            },
+        })
+    }
+
+    /// A check sent from `device` and `ip`; a retry when `retry`.
+    fn from<'a>(
+        line: usize,
+        label: &'a str,
+        user: &'a str,
+        device: &'a str,
+        ip: &'a str,
+        retry: bool,
+    ) -> Sent<'a> {
+        Sent {
+            device: Some(device),
+            ip: Some(ip),
+            retry,
+            ..sent(line, line as u64, label, Some(user))
+        }
+    }
+
+    #[test]
+    fn a_challenge_passed_and_retried_serves_the_user_and_one_given_up_does_not() {
+        let mut t = Tally::new("v", None);
+        t.check(sent(1, 1, "honest", Some("ana")), &Ok(challenge()), None);
+        t.check(sent(2, 2, "honest", Some("ben")), &Ok(challenge()), None);
+        t.challenge_passed("honest");
+        let retry = Sent {
+            retry: true,
+            ..sent(1, 15, "honest", Some("ana"))
+        };
+        t.check(retry, &Ok(allow()), None);
+        let r = t.finish();
+        let h = &r.labels["honest"];
+        assert_eq!(
+            (
+                h.checks,
+                h.allowed,
+                h.challenged,
+                h.challenges_passed,
+                h.retries
+            ),
+            (3, 1, 2, 1, 1)
+        );
+        assert_eq!((h.users, h.users_unserved, h.unserved_checks), (2, 1, 2));
+        // Two lines of the file, three checks decided; the retry is the last thing that
+        // happened.
+        assert_eq!((r.lines, r.checks, r.challenges_passed), (2, 3, 1));
+        assert_eq!(r.to.as_deref(), Some("1970-01-01T00:00:00.015Z"));
+        assert!(h.attacker_cost.is_none() && h.cost_per_unit.is_none());
+        let text = r.to_text();
+        assert!(
+            text.contains("1 challenges passed and reported, 1 checks sent again"),
+            "{text}"
+        );
+        let header = text.lines().find(|l| l.starts_with("label")).unwrap();
+        assert!(header.contains("challenged  passed"), "{header}");
+        let row = text.lines().find(|l| l.starts_with("honest")).unwrap();
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells[..6], ["honest", "3", "1", "2", "1", "0"], "{row}");
+    }
+
+    #[test]
+    fn users_silently_denied_count_each_user_once() {
+        let mut t = Tally::new("v", None);
+        t.check(sent(1, 1, "bot", Some("b1")), &Ok(score_deny()), None);
+        t.check(sent(2, 2, "bot", Some("b1")), &Ok(score_deny()), None);
+        // Served once, silently denied once: both.
+        t.check(sent(3, 3, "bot", Some("b2")), &Ok(allow()), None);
+        t.check(sent(4, 4, "bot", Some("b2")), &Ok(score_deny()), None);
+        t.check(sent(5, 5, "bot", Some("b3")), &Ok(allow()), None);
+        t.check(sent(6, 6, "honest", Some("h")), &Ok(challenge()), None);
+        let r = t.finish();
+        let bot = &r.labels["bot"];
+        assert_eq!((bot.silent_deny, bot.users_silently_denied), (3, 2));
+        assert_eq!(bot.users_unserved, 1);
+        assert_eq!(
+            r.labels["honest"].users_silently_denied, 0,
+            "a challenge is not a deny"
+        );
+        let text = r.to_text();
+        assert!(text.contains("users silently denied"), "{text}");
+        let row = text.lines().find(|l| l.starts_with("bot")).unwrap();
+        assert!(row.ends_with("2 (66.7%)"), "{row}");
+    }
+
+    #[test]
+    fn a_priced_label_shows_what_each_unit_cost_it() {
+        let mut t = Tally::new("v", Some(2));
+        let farm = Cost {
+            account: 1.0,
+            proxy_address: 0.5,
+            device: 2.0,
+            challenge_solved: 0.25,
+        };
+        t.cohort("attacker/farm", farm);
+        t.cohort(
+            "attacker/spoofed",
+            Cost {
+                account: 1.0,
+                ..Cost::default()
+            },
+        );
+        let f = "attacker/farm";
+        t.check(
+            from(1, f, "f1", "d1", "203.0.113.1", false),
+            &Ok(challenge()),
+            None,
+        );
+        t.challenge_passed(f);
+        t.check(
+            from(1, f, "f1", "d1", "203.0.113.1", true),
+            &Ok(allow()),
+            None,
+        );
+        t.check(
+            from(2, f, "f2", "d1", "203.0.113.2", false),
+            &Ok(allow()),
+            None,
+        );
+        // Too late for a unit, but its account, device and address were paid for.
+        t.check(
+            from(3, f, "f3", "d2", "203.0.113.2", false),
+            &Ok(allow()),
+            None,
+        );
+        let s = "attacker/spoofed";
+        t.check(
+            from(4, s, "s1", "x1", "203.0.113.9", false),
+            &Ok(score_deny()),
+            None,
+        );
+        t.check(
+            from(5, "attacker/free", "u", "x2", "203.0.113.9", false),
+            &Ok(allow()),
+            None,
+        );
+        let r = t.finish();
+
+        let farm = &r.labels["attacker/farm"];
+        let basis = farm.cost_basis.unwrap();
+        assert_eq!(
+            (
+                basis.accounts,
+                basis.proxy_addresses,
+                basis.devices,
+                basis.challenges_solved,
+                basis.obtained
+            ),
+            (3, 2, 2, 1, 2)
+        );
+        // 3 × 1 + 2 × 0.5 + 2 × 2 + 1 × 0.25, over the two units it got.
+        assert_eq!(farm.attacker_cost, Some(8.25));
+        assert_eq!(farm.cost_per_unit, Some(Some(4.125)));
+        let spoofed = &r.labels["attacker/spoofed"];
+        assert_eq!(spoofed.attacker_cost, Some(1.0));
+        assert_eq!(spoofed.cost_per_unit, Some(None), "nothing obtained");
+        assert!(r.labels["attacker/free"].attacker_cost.is_none());
+        // The group: its priced labels' costs, over what they obtained.
+        let group = &r.groups["attacker"];
+        assert_eq!(group.attacker_cost, Some(9.25));
+        assert_eq!(group.cost_per_unit, Some(Some(4.625)));
+        assert_eq!(group.cost_basis.unwrap().accounts, 4);
+
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["labels"]["attacker/farm"]["attacker_cost"], 8.25);
+        assert!(json["labels"]["attacker/spoofed"]["cost_per_unit"].is_null());
+        assert!(json["labels"]["attacker/spoofed"]
+            .as_object()
+            .unwrap()
+            .contains_key("cost_per_unit"));
+        let free = json["labels"]["attacker/free"].as_object().unwrap();
+        assert!(!free.contains_key("attacker_cost") && !free.contains_key("cost_per_unit"));
+
+        let text = r.to_text();
+        assert!(text.contains("cost per unit"), "{text}");
+        let row = |label: &str| {
+            text.lines()
+                .rfind(|l| l.starts_with(label))
+                .unwrap_or_else(|| panic!("{label}: {text}"))
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            row("attacker/farm")[1..],
+            ["3", "2", "2", "1", "8.25", "2", "4.12"]
+        );
+        assert_eq!(row("attacker/spoofed")[5..], ["1.00", "0", "-"]);
+
+        // Without a stock, the cost is per allowed check.
+        let mut t = Tally::new("v", None);
+        t.cohort("attacker/farm", farm_cost());
+        t.check(
+            from(1, f, "f1", "d1", "203.0.113.1", false),
+            &Ok(allow()),
+            None,
+        );
+        t.check(
+            from(2, f, "f2", "d1", "203.0.113.1", false),
+            &Ok(allow()),
+            None,
+        );
+        let r = t.finish();
+        assert_eq!(r.labels[f].cost_per_unit, Some(Some(1.0 + 0.25)));
+        assert!(r.to_text().contains("cost per allowed check"));
+    }
+
+    /// 1 per account, a quarter per address and per device.
+    fn farm_cost() -> Cost {
+        Cost {
+            account: 1.0,
+            proxy_address: 0.25,
+            device: 0.25,
+            challenge_solved: 0.0,
+        }
+    }
+
     #[test]
     fn stock_goes_first_come_first_served_and_late_users_are_unserved() {
         let mut t = Tally::new("v", Some(2));
         let a = Ok(allow());
         assert_eq!(
-            t.check(1, 1, "bot", Some("b1"), &a, None).granted,
+            t.check(sent(1, 1, "bot", Some("b1")), &a, None).granted,
             Some(true)
         );
         assert_eq!(
-            t.check(2, 2, "bot", Some("b2"), &a, None).granted,
+            t.check(sent(2, 2, "bot", Some("b2")), &a, None).granted,
             Some(true)
         );
         assert_eq!(
-            t.check(3, 3, "honest", Some("h1"), &a, None).granted,
+            t.check(sent(3, 3, "honest", Some("h1")), &a, None).granted,
             Some(false)
         );
         let mut dup = allow();
         dup.duplicate_of = Some("r".into());
         assert_eq!(
-            t.check(4, 4, "honest", Some("h1"), &Ok(dup), None).granted,
+            t.check(sent(4, 4, "honest", Some("h1")), &Ok(dup), None)
+                .granted,
             None
         );
         let r = t.finish();
@@ -758,8 +1231,8 @@ mod tests {
             window_ms: 10_000,
             exceeded: true,
         });
-        t.check(1, 1, "honest", Some("u"), &Ok(allow()), None);
-        t.check(2, 2, "honest", Some("u"), &Ok(d), None);
+        t.check(sent(1, 1, "honest", Some("u")), &Ok(allow()), None);
+        t.check(sent(2, 2, "honest", Some("u")), &Ok(d), None);
         let mut s = score_deny();
         s.signals.push(SignalReport {
             name: "accounts_per_device".into(),
@@ -775,7 +1248,7 @@ mod tests {
             contribution: 0.0,
             fired: false,
         });
-        t.check(3, 3, "bot", Some("b"), &Ok(s), None);
+        t.check(sent(3, 3, "bot", Some("b")), &Ok(s), None);
         let r = t.finish();
         assert_eq!(r.labels["honest"].users_unserved, 0);
         assert_eq!(r.labels["honest"].unserved_checks, 1);
@@ -797,17 +1270,18 @@ mod tests {
     #[test]
     fn labels_with_a_group_are_also_summed_as_the_group() {
         let mut t = Tally::new("v", Some(10));
-        t.check(1, 1, "attacker/farm", Some("f1"), &Ok(allow()), None);
-        t.check(2, 2, "attacker/spoofed", Some("s1"), &Ok(allow()), None);
+        t.check(sent(1, 1, "attacker/farm", Some("f1")), &Ok(allow()), None);
         t.check(
-            3,
-            3,
-            "attacker/spoofed",
-            Some("s2"),
+            sent(2, 2, "attacker/spoofed", Some("s1")),
+            &Ok(allow()),
+            None,
+        );
+        t.check(
+            sent(3, 3, "attacker/spoofed", Some("s2")),
             &Ok(score_deny()),
             None,
         );
-        t.check(4, 4, "honest", Some("h1"), &Ok(allow()), None);
+        t.check(sent(4, 4, "honest", Some("h1")), &Ok(allow()), None);
         let r = t.finish();
         assert_eq!(r.groups.keys().collect::<Vec<_>>(), ["attacker"]);
         let g = &r.groups["attacker"];
@@ -828,15 +1302,15 @@ mod tests {
             field: "device_id".into(),
             scene: "s".into(),
         });
-        t.check(5, 1, "x", None, &missing, None);
-        t.check(9, 2, "x", None, &missing, None);
+        t.check(sent(5, 1, "x", None), &missing, None);
+        t.check(sent(9, 2, "x", None), &missing, None);
         let was_allow = Recorded {
             decision: "allow".into(),
             reason: None,
             request_id: None,
         };
-        t.check(10, 3, "x", None, &Ok(allow()), Some(&was_allow));
-        t.check(11, 4, "x", None, &Ok(score_deny()), Some(&was_allow));
+        t.check(sent(10, 3, "x", None), &Ok(allow()), Some(&was_allow));
+        t.check(sent(11, 4, "x", None), &Ok(score_deny()), Some(&was_allow));
         let r = t.finish();
         assert_eq!(r.rejected.len(), 1);
         assert_eq!((r.rejected[0].count, r.rejected[0].first_line), (2, 5));

@@ -694,3 +694,248 @@ fn the_shipped_rules_stop_the_drop_attacks_and_serve_real_users() {
         );
     }
 }
+
+fn challenge_fixtures() -> PathBuf {
+    fixtures().join("challenge")
+}
+
+/// The `--out` lines of one traffic line: its check, then its retries.
+fn of_line(out: &[Value], line: u64) -> Vec<&Value> {
+    out.iter().filter(|o| o["line"] == line).collect()
+}
+
+#[actix_web::test]
+async fn a_sender_who_passes_a_challenge_is_served_on_the_retry_and_one_who_gives_up_is_not() {
+    let dir = challenge_fixtures();
+    let (report, out) = simulate(&dir.join("rules"), &dir.join("traffic.jsonl"), None).await;
+
+    // ana (a one-hour-old account) is challenged; she passes 15 s later, the pass is
+    // reported and her claim sent again, under its idempotency key and a new request id.
+    let ana = of_line(&out, 2);
+    assert_eq!(ana.len(), 2, "{ana:?}");
+    let first = &ana[0]["decision"];
+    assert_eq!(first["decision"], "challenge");
+    assert_eq!(first["layer"], "security");
+    assert_eq!(first["reason"], "score");
+    assert_eq!(first["challenge"]["kind"], "captcha");
+    assert!(ana[0].get("retry_of").is_none());
+    let retry = ana[1];
+    assert_eq!(retry["at"], "2026-12-24T10:00:15.000Z");
+    assert_eq!(retry["retry_of"], first["request_id"]);
+    assert_ne!(retry["decision"]["request_id"], first["request_id"]);
+    assert_eq!(retry["decision"]["decision"], "allow");
+    assert!(
+        retry["decision"]["duplicate_of"].is_null(),
+        "the challenge counted nothing, so the key's first allow is the retry"
+    );
+    // The pass went through the events path and lasts its 30 minutes: her next claim,
+    // ten minutes on, from a line that says nothing about challenges, is not challenged.
+    let later = of_line(&out, 11);
+    assert_eq!(later.len(), 1);
+    assert_eq!(later[0]["decision"]["decision"], "allow");
+
+    // ben gives up: challenged, nothing reported, nothing resent.
+    let ben = of_line(&out, 3);
+    assert_eq!(ben.len(), 1, "{ben:?}");
+    assert_eq!(ben[0]["decision"]["decision"], "challenge");
+
+    let honest = &report.labels["honest"];
+    assert_eq!(
+        (
+            honest.checks,
+            honest.allowed,
+            honest.challenged,
+            honest.challenges_passed,
+            honest.retries
+        ),
+        (6, 4, 2, 1, 1)
+    );
+    assert_eq!((honest.users, honest.users_unserved), (4, 1), "ben only");
+    // ana and bot-1 passed; the file itself has no event line.
+    assert_eq!((report.challenges_passed, report.events), (2, 0));
+    assert_eq!((report.lines, report.checks), (10, 12));
+}
+
+#[actix_web::test]
+async fn retries_run_in_time_order_between_the_lines_of_the_file() {
+    let dir = challenge_fixtures();
+    let (_, out) = simulate(&dir.join("rules"), &dir.join("traffic.jsonl"), Some(2)).await;
+    let at: Vec<&str> = out.iter().map(|o| o["at"].as_str().unwrap()).collect();
+    let mut sorted = at.clone();
+    sorted.sort();
+    assert_eq!(at, sorted, "decisions in simulated time order");
+    // (line, a retry?): ana's retry is due at 10:00:15, with dan's line (which goes
+    // first: it was in the file before the retry existed); bot-1's at 10:00:32, between
+    // dan and bot-3.
+    let order: Vec<(u64, bool)> = out
+        .iter()
+        .map(|o| (o["line"].as_u64().unwrap(), o.get("retry_of").is_some()))
+        .collect();
+    let want = [
+        (2, false),
+        (3, false),
+        (4, false),
+        (5, false),
+        (6, false),
+        (7, false),
+        (2, true),
+        (5, true),
+        (8, false),
+        (9, false),
+        (10, false),
+        (11, false),
+    ];
+    assert_eq!(order, want);
+    // First come, first served in that order: cat and dan take the two units; ana,
+    // served a few seconds after solving her captcha, comes too late.
+    let granted: Vec<u64> = out
+        .iter()
+        .filter(|o| o["granted"] == true)
+        .map(|o| o["line"].as_u64().unwrap())
+        .collect();
+    assert_eq!(granted, [4, 7]);
+    assert_eq!(of_line(&out, 2)[1]["granted"], false);
+}
+
+#[test]
+fn the_report_counts_silent_denies_per_user_and_prices_the_attack() {
+    let dir = challenge_fixtures();
+    let run = |stock: Option<&str>, format: &str| {
+        let mut args = vec![
+            "simulate".to_string(),
+            "--rules".into(),
+            dir.join("rules").display().to_string(),
+            dir.join("traffic.jsonl").display().to_string(),
+            "--format".into(),
+            format.into(),
+        ];
+        if let Some(n) = stock {
+            args.extend(["--stock".to_string(), n.to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, stdout, stderr) = vigia(&args);
+        assert_eq!(code, 0, "{stderr}");
+        stdout
+    };
+    let report: Value = serde_json::from_str(&run(None, "json")).expect("JSON");
+    let bot = &report["labels"]["attacker/bot"];
+    // bot-1 challenged, passes, served on the retry; bot-2 challenged, gives up; bot-3
+    // served once, then silently denied by device_1d; bot-4 silently denied.
+    for (field, want) in [
+        ("checks", 6),
+        ("allowed", 2),
+        ("challenged", 2),
+        ("challenges_passed", 1),
+        ("retries", 1),
+        ("silent_deny", 2),
+        ("users", 4),
+        ("users_unserved", 2),
+        ("users_silently_denied", 2),
+    ] {
+        assert_eq!(bot[field], want, "{field}: {bot}");
+    }
+    // 4 accounts × 1 + 4 addresses × 0.5 + 2 devices × 2 + 1 challenge × 0.25, over
+    // the 2 checks allowed.
+    assert_eq!(bot["attacker_cost"], 10.25, "{bot}");
+    assert_eq!(bot["cost_per_unit"], 5.125, "{bot}");
+    assert_eq!(
+        bot["cost_basis"],
+        json!({"accounts": 4, "proxy_addresses": 4, "devices": 2, "challenges_solved": 1, "obtained": 2})
+    );
+    assert_eq!(report["groups"]["attacker"]["attacker_cost"], 10.25);
+    let honest = report["labels"]["honest"].as_object().unwrap();
+    assert!(
+        !honest.contains_key("attacker_cost"),
+        "no cohort line, no cost"
+    );
+    assert_eq!(honest["users_silently_denied"], 0);
+    assert_eq!(report["challenges_passed"], 2);
+
+    // With 3 units, cat, dan and ana's retry take them all: the attack got nothing.
+    let report: Value = serde_json::from_str(&run(Some("3"), "json")).expect("JSON");
+    let bot = &report["labels"]["attacker/bot"];
+    assert_eq!(bot["units"], 0);
+    assert!(bot["cost_per_unit"].is_null(), "{bot}");
+    assert_eq!(bot["attacker_cost"], 10.25);
+
+    let text = run(None, "text");
+    assert!(text.contains("users silently denied"), "{text}");
+    assert!(
+        text.contains("2 challenges passed and reported, 2 checks sent again"),
+        "{text}"
+    );
+    let cost_row = text
+        .lines()
+        .rfind(|l| l.starts_with("attacker/bot"))
+        .expect("a cost row");
+    assert_eq!(
+        cost_row.split_whitespace().collect::<Vec<_>>(),
+        ["attacker/bot", "4", "4", "2", "1", "10.25", "2", "5.12"],
+        "{text}"
+    );
+}
+
+#[test]
+fn generated_senders_who_pass_are_served_and_those_who_never_pass_are_not() {
+    // Every account here is new, so every first claim lands in the fixture's challenge
+    // band: what happens next is the senders' own answer.
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("s.toml");
+    std::fs::write(
+        &scenario,
+        r#"
+seed = 3
+scene = "claim"
+start = "2026-12-24T10:00:00Z"
+span = "10m"
+
+[honest]
+users = 40
+new_share = 1.0
+challenge_pass = 1.0
+rush = { share = 0.5, within = "1m" }
+
+[[attacker]]
+label = "attacker/bot"
+accounts = 20
+devices = "per_account"
+proxies = { cidrs = ["203.0.113.0/24"] }
+tries = 1
+account_age = "2d"
+arrive_within = "1m"
+interval = "11s"
+cost = { account = 0.5 }
+"#,
+    )
+    .unwrap();
+    let traffic = dir.path().join("t.jsonl");
+    let (code, _, stderr) = vigia(&[
+        "scenario",
+        scenario.to_str().unwrap(),
+        "--out",
+        traffic.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stdout, stderr) = vigia(&[
+        "simulate",
+        "--rules",
+        challenge_fixtures().join("rules").to_str().unwrap(),
+        traffic.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    let honest = &report["labels"]["honest"];
+    assert_eq!(honest["challenged"], 40, "{honest}");
+    assert_eq!(honest["challenges_passed"], 40, "{honest}");
+    assert_eq!(honest["allowed"], 40, "{honest}");
+    assert_eq!(honest["users_unserved"], 0, "{honest}");
+    let bot = &report["labels"]["attacker/bot"];
+    assert_eq!(bot["challenged"], 20, "{bot}");
+    assert_eq!(bot["challenges_passed"], 0, "{bot}");
+    assert_eq!(bot["users_unserved"], 20, "{bot}");
+    // The cost travelled in the file: 20 accounts at 0.5, nothing obtained.
+    assert_eq!(bot["attacker_cost"], 10.0);
+    assert!(bot["cost_per_unit"].is_null());
+}

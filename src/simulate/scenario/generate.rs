@@ -3,7 +3,14 @@
 //! Every population draws from its own ChaCha8 stream (the seed, with a stream number
 //! made of the population's kind and position), so adding an attacker cohort leaves the
 //! honest users' traffic exactly as it was: comparing two scenarios compares the attack,
-//! not a reshuffled crowd.
+//! not a reshuffled crowd. Whether each check's sender passes a challenge, and how long
+//! solving it takes, is drawn when the line is written, from a second stream of its
+//! population's: a file that gives no `rush` makes the same claims, at the same times, as
+//! before challenges were modelled.
+//!
+//! A sender who passes takes [`SOLVE_MIN_MS`] to [`SOLVE_MAX_MS`]: a person reading a
+//! captcha, or a solving service's queue. A double click's copy never answers a challenge:
+//! the person answers the one on their screen, for the click it copies.
 //!
 //! Lines are kept as compact [`Record`]s (56 bytes, no strings) until they are
 //! sorted; only then is each turned into JSON and written, one at a time, so a million
@@ -20,18 +27,25 @@ use serde_json::{json, Map, Value};
 use super::net;
 use super::spec::{share_of, Attacker, Devices, Habits, Proxies, Scenario};
 use crate::clock::rfc3339;
-use crate::simulate::traffic::Line;
+use crate::simulate::traffic::{Cohort, Entry, Line, OnChallenge};
 
 const SECOND: u64 = 1_000;
 const MINUTE: u64 = 60 * SECOND;
 const HOUR: u64 = 60 * MINUTE;
 const DAY: u64 = 24 * HOUR;
 
+/// The quickest a challenge is passed, ms.
+pub const SOLVE_MIN_MS: u64 = 4 * SECOND;
+/// The slowest a challenge is passed, ms.
+pub const SOLVE_MAX_MS: u64 = 40 * SECOND;
+
 /// What was written.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {
-    /// All lines: checks and events.
+    /// All lines: cohort lines, checks and events.
     pub lines: u64,
+    /// Cohort lines: one per label with a cost.
+    pub cohorts: u64,
     pub checks: u64,
     pub events: u64,
     /// Checks per population label (cohorts sharing a label add up).
@@ -47,10 +61,23 @@ pub fn write(scenario: &Scenario, seed: u64, out: &mut impl Write) -> io::Result
     records.sort_by_key(|r| (r.at_ms, matches!(r.kind, Kind::Check(_))));
     let mut out = BufWriter::new(out);
     let mut summary = Summary::default();
+    for cohort in cohorts(scenario) {
+        out.write_all(Entry::Cohort(cohort).to_json().as_bytes())?;
+        out.write_all(b"\n")?;
+        summary.lines += 1;
+        summary.cohorts += 1;
+    }
+    // A population's own lines keep their order in the sorted file whatever else is in
+    // it, so drawing from its stream in file order is as reproducible as at generation.
+    let mut challenge_rngs: Vec<ChaCha8Rng> = populations
+        .iter()
+        .map(|p| rng_for(seed, CHALLENGES + p.stream.0, p.stream.1))
+        .collect();
     for record in &records {
-        let population = &populations[usize::from(record.population)];
-        let line = to_line(scenario, population, record);
-        out.write_all(line.to_json().as_bytes())?;
+        let index = usize::from(record.population);
+        let population = &populations[index];
+        let entry = to_entry(scenario, population, record, &mut challenge_rngs[index]);
+        out.write_all(entry.to_json().as_bytes())?;
         out.write_all(b"\n")?;
         summary.lines += 1;
         match record.kind {
@@ -109,6 +136,10 @@ struct Record {
 struct Population<'a> {
     label: &'a str,
     id_prefix: &'a str,
+    /// Its stream: kind and position.
+    stream: (u64, usize),
+    /// The chance its members pass a challenge.
+    challenge_pass: f64,
     /// The attacker cohort, which names its farm devices.
     cohort: usize,
     /// Real users' claims carry an idempotency key, `<user>-<ms of the click>`: each
@@ -122,6 +153,8 @@ struct Population<'a> {
 const HONEST: u64 = 0;
 const NAT: u64 = 1;
 const ATTACKER: u64 = 2;
+/// Added to a population's kind: the stream its challenge answers are drawn from.
+const CHALLENGES: u64 = 3;
 
 fn rng_for(seed: u64, kind: u64, index: usize) -> ChaCha8Rng {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -150,6 +183,8 @@ fn generate(scenario: &Scenario, seed: u64) -> (Vec<Population<'_>>, Vec<Record>
         populations.push(Population {
             label: &h.label,
             id_prefix: &h.id_prefix,
+            stream: (HONEST, 0),
+            challenge_pass: h.habits.challenge_pass,
             cohort: 0,
             actions_keyed: true,
         });
@@ -173,6 +208,8 @@ fn generate(scenario: &Scenario, seed: u64) -> (Vec<Population<'_>>, Vec<Record>
         populations.push(Population {
             label: &n.label,
             id_prefix: &n.id_prefix,
+            stream: (NAT, i),
+            challenge_pass: n.habits.challenge_pass,
             cohort: 0,
             actions_keyed: true,
         });
@@ -189,6 +226,8 @@ fn generate(scenario: &Scenario, seed: u64) -> (Vec<Population<'_>>, Vec<Record>
         populations.push(Population {
             label: &a.label,
             id_prefix: &a.id_prefix,
+            stream: (ATTACKER, i),
+            challenge_pass: a.challenge_pass,
             cohort: a.cohort,
             actions_keyed: false,
         });
@@ -225,13 +264,23 @@ impl Crowd<'_> {
         for i in net::sample_distinct(rng, established.len() as u128, u128::from(k)) {
             paid[established[i as usize] as usize] = true;
         }
+        // Drawn last, and only with a rush: a file without one keeps its stream as it was.
+        let rushing = match &h.rush {
+            Some(r) => mask(rng, n, share_of(n, r.share)),
+            None => vec![false; n as usize],
+        };
         let mut times = Vec::with_capacity(h.claims as usize);
         for user in 0..n as u32 {
             let u = user as usize;
             let ip = address(rng);
             let device = Device::Random(rng.random());
+            // A rusher's claims all fall in the opening minutes.
+            let within = match &h.rush {
+                Some(r) if rushing[u] => r.within_ms,
+                _ => s.span_ms,
+            };
             times.clear();
-            times.extend((0..h.claims).map(|_| s.start_ms + rng.random_range(0..s.span_ms)));
+            times.extend((0..h.claims).map(|_| s.start_ms + rng.random_range(0..within)));
             let first = times.iter().copied().min().unwrap_or(s.start_ms);
             let created_ms = if new[u] {
                 first.saturating_sub(rng.random_range(10 * MINUTE..=DAY))
@@ -353,6 +402,40 @@ fn mask(rng: &mut ChaCha8Rng, n: u64, k: u64) -> Vec<bool> {
         chosen[i as usize] = true;
     }
     chosen
+}
+
+/// One cohort line per label with a cost, in file order (validation gives cohorts that
+/// share a label one cost).
+fn cohorts(s: &Scenario) -> Vec<Cohort> {
+    let mut out: Vec<Cohort> = Vec::new();
+    for a in &s.attackers {
+        if let Some(cost) = a.cost {
+            if !out.iter().any(|c| c.label == a.label) {
+                out.push(Cohort {
+                    label: a.label.clone(),
+                    cost,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// A record as a line, with its sender's answer to a challenge drawn from `rng`.
+fn to_entry(s: &Scenario, p: &Population<'_>, r: &Record, rng: &mut ChaCha8Rng) -> Entry {
+    let line = to_line(s, p, r);
+    let on_challenge = match r.kind {
+        Kind::Payment => None,
+        Kind::Check(_) if r.copy_after > 0 => Some(OnChallenge::GiveUp),
+        Kind::Check(_) => Some(if rng.random_bool(p.challenge_pass) {
+            OnChallenge::Pass {
+                solve_ms: rng.random_range(SOLVE_MIN_MS..=SOLVE_MAX_MS),
+            }
+        } else {
+            OnChallenge::GiveUp
+        }),
+    };
+    Entry::Happens { line, on_challenge }
 }
 
 fn to_line(s: &Scenario, p: &Population<'_>, r: &Record) -> Line {

@@ -3,8 +3,12 @@
 //!
 //! A scenario is a TOML file naming populations — honest users at home, users behind a
 //! shared NAT (a campus, an office), attacker cohorts (a device farm, spoofed
-//! fingerprints, behind proxies) — and when they arrive. Generating it writes a traffic
-//! file (see [`super::traffic`]): payment events first, then every claim, in time order.
+//! fingerprints, behind proxies) — when they arrive (over the span, or a share of real
+//! users in a rush at the opening), how often each passes a challenge (`challenge_pass`),
+//! and what an attacker's accounts, proxy addresses, devices and solved challenges cost
+//! it (`cost`). Generating it writes a traffic file (see [`super::traffic`]): a cohort
+//! line per priced label, payment events, then every claim in time order, each saying
+//! whether its sender would pass a challenge.
 //!
 //! This module owns the file format and its validation ([`Scenario::load`],
 //! [`Scenario::parse`]) and the generation ([`write`]). Generation is seeded and
@@ -22,7 +26,10 @@ mod raw;
 mod spec;
 
 pub use generate::{write, Summary};
-pub use spec::{Attacker, Devices, Habits, Honest, Nat, Proxies, Scenario, MAX_CHECKS, MAX_COUNT};
+pub use spec::{
+    Attacker, Devices, Habits, Honest, Nat, Proxies, Rush, Scenario, MAX_CHECKS, MAX_COUNT,
+    PEOPLE_PASS,
+};
 
 /// Why a scenario file was refused. Each names the file; most name the line and field.
 #[derive(Debug, thiserror::Error)]

@@ -20,6 +20,8 @@ pub type Int = Spanned<i64>;
 pub type Text = Spanned<String>;
 /// A share as written (`0.3`, or `0` and `1` as integers).
 pub type Share = Spanned<f64>;
+/// A price as written (`0.35`, or an integer).
+pub type Price = Spanned<f64>;
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -50,6 +52,8 @@ pub struct RawHonest {
     pub paid_share: Option<Share>,
     pub new_share: Option<Share>,
     pub double_click_share: Option<Share>,
+    pub challenge_pass: Option<Share>,
+    pub rush: Option<Spanned<RawRush>>,
 }
 
 /// One `[[nat]]`.
@@ -64,6 +68,52 @@ pub struct RawNat {
     pub paid_share: Option<Share>,
     pub new_share: Option<Share>,
     pub double_click_share: Option<Share>,
+    pub challenge_pass: Option<Share>,
+    pub rush: Option<Spanned<RawRush>>,
+}
+
+/// `rush = { share = 0.6, within = "5m" }`: both required.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRush {
+    pub share: Share,
+    pub within: Text,
+}
+
+/// The habit fields `[honest]` and `[[nat]]` share, borrowed from either.
+pub struct RawHabits<'a> {
+    pub claims: Option<&'a Int>,
+    pub paid_share: Option<&'a Share>,
+    pub new_share: Option<&'a Share>,
+    pub double_click_share: Option<&'a Share>,
+    pub challenge_pass: Option<&'a Share>,
+    pub rush: Option<&'a Spanned<RawRush>>,
+}
+
+impl RawHonest {
+    pub fn habits(&self) -> RawHabits<'_> {
+        RawHabits {
+            claims: self.claims.as_ref(),
+            paid_share: self.paid_share.as_ref(),
+            new_share: self.new_share.as_ref(),
+            double_click_share: self.double_click_share.as_ref(),
+            challenge_pass: self.challenge_pass.as_ref(),
+            rush: self.rush.as_ref(),
+        }
+    }
+}
+
+impl RawNat {
+    pub fn habits(&self) -> RawHabits<'_> {
+        RawHabits {
+            claims: self.claims.as_ref(),
+            paid_share: self.paid_share.as_ref(),
+            new_share: self.new_share.as_ref(),
+            double_click_share: self.double_click_share.as_ref(),
+            challenge_pass: self.challenge_pass.as_ref(),
+            rush: self.rush.as_ref(),
+        }
+    }
 }
 
 /// One `[[attacker]]`.
@@ -81,6 +131,19 @@ pub struct RawAttacker {
     pub arrive_within: Text,
     pub interval: Text,
     pub paid_share: Option<Share>,
+    pub challenge_pass: Option<Share>,
+    pub cost: Option<Spanned<RawCost>>,
+}
+
+/// `cost = { account = .., proxy_address = .., device = .., challenge_solved = .. }`: each
+/// optional, at least one checked in `spec`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCost {
+    pub account: Option<Price>,
+    pub proxy_address: Option<Price>,
+    pub device: Option<Price>,
+    pub challenge_solved: Option<Price>,
 }
 
 /// `proxies = { cidrs = [...] }`, `{ addresses = [...] }` or `{ random_networks = N }`:

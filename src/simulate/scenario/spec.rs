@@ -15,10 +15,17 @@ use ipnet::IpNet;
 use toml::Spanned;
 
 use super::net;
-use super::raw::{self, Int, RawAttacker, RawHonest, RawNat, RawProxies, Share, Text};
+use super::raw::{
+    self, Int, Price, RawAttacker, RawCost, RawHabits, RawHonest, RawNat, RawProxies, Share, Text,
+};
 use super::ScenarioError;
 use crate::input::MAX_ID_LEN;
 use crate::rules::parse_duration_ms;
+use crate::simulate::traffic::Cost;
+
+/// `challenge_pass` of honest and NAT users when the file gives none: nearly everyone
+/// gets through a captcha, a few give up.
+pub const PEOPLE_PASS: f64 = 0.95;
 
 /// Most members one population may have, and most claims or tries each: every line is
 /// held in memory to be sorted, so a typo of three extra zeros must not exhaust it.
@@ -53,7 +60,8 @@ pub struct Scenario {
     pub scene: String,
     /// When the drop opens, ms since the epoch.
     pub start_ms: u64,
-    /// Honest and NAT claims fall uniformly in `[start_ms, start_ms + span_ms)`.
+    /// Honest and NAT claims fall uniformly in `[start_ms, start_ms + span_ms)` (a
+    /// rusher's in its population's `rush.within`).
     pub span_ms: u64,
     /// Sent as `activity_id` on every check when set.
     pub activity_id: Option<String>,
@@ -68,7 +76,7 @@ pub struct Scenario {
 /// How honest and NAT users claim.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Habits {
-    /// Claims per user, each at a uniform time in the span.
+    /// Claims per user, each at a uniform time in the span (a rusher's in the rush).
     pub claims: u64,
     /// Share with one `payment_succeeded` event before the drop.
     pub paid_share: f64,
@@ -76,6 +84,19 @@ pub struct Habits {
     pub new_share: f64,
     /// Share whose every claim is sent twice, 150 to 600 ms apart.
     pub double_click_share: f64,
+    /// The chance a user passes a challenge (default [`PEOPLE_PASS`]).
+    pub challenge_pass: f64,
+    /// Users who come at the opening.
+    pub rush: Option<Rush>,
+}
+
+/// `rush`: a share of the users claim in the first minutes after `start`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rush {
+    /// Share of the users who rush.
+    pub share: f64,
+    /// Their claims fall in `[start_ms, start_ms + within_ms)` instead of over the span.
+    pub within_ms: u64,
 }
 
 /// `[honest]`: users at home, each on one residential address and one device.
@@ -129,6 +150,10 @@ pub struct Attacker {
     /// Share of accounts with a payment, made between the account's creation and the
     /// event batch an hour before start.
     pub paid_share: f64,
+    /// The chance an account passes a challenge (a solver's success rate; default 0).
+    pub challenge_pass: f64,
+    /// What the cohort's accounts, addresses, devices and solved challenges cost it.
+    pub cost: Option<Cost>,
 }
 
 /// The devices a cohort claims from.
@@ -243,9 +268,11 @@ impl Validator<'_> {
             .as_ref()
             .map(|a| self.id(a, "activity_id"))
             .transpose()?;
-        let honest = raw.honest.as_ref().map(|h| self.honest(h)).transpose()?;
+        let honest = (raw.honest.as_ref())
+            .map(|h| self.honest(h, span_ms))
+            .transpose()?;
         let nats = (raw.nat.iter().enumerate())
-            .map(|(i, n)| self.nat(n, &format!("nat[{i}]")))
+            .map(|(i, n)| self.nat(n, &format!("nat[{i}]"), span_ms))
             .collect::<Checked<Vec<_>>>()?;
         self.not_too_many(&raw)?;
         let attackers = (raw.attacker.iter().enumerate())
@@ -267,6 +294,7 @@ impl Validator<'_> {
             });
         }
         self.unique_ids(&raw, &mut scenario)?;
+        self.one_cost_per_label(&raw, &scenario)?;
         let checks = scenario.checks();
         if checks > MAX_CHECKS {
             return Err(ScenarioError::TooBig {
@@ -380,8 +408,12 @@ impl Validator<'_> {
     }
 
     fn share(&self, raw: Option<&Share>, field: &str) -> Checked<f64> {
+        self.share_or(raw, 0.0, field)
+    }
+
+    fn share_or(&self, raw: Option<&Share>, default: f64, field: &str) -> Checked<f64> {
         let Some(raw) = raw else {
-            return Ok(0.0);
+            return Ok(default);
         };
         let s = *raw.get_ref();
         if !(0.0..=1.0).contains(&s) {
@@ -421,22 +453,22 @@ impl Validator<'_> {
         Ok(net)
     }
 
-    fn habits(
-        &self,
-        path: &str,
-        claims: Option<&Int>,
-        paid: Option<&Share>,
-        new: Option<&Share>,
-        double: Option<&Share>,
-    ) -> Checked<Habits> {
+    fn habits(&self, path: &str, raw: RawHabits<'_>, span_ms: u64) -> Checked<Habits> {
+        let f = |name: &str| format!("{path}.{name}");
         let habits = Habits {
-            claims: self.count_or(claims, 1, &format!("{path}.claims"))?,
-            paid_share: self.share(paid, &format!("{path}.paid_share"))?,
-            new_share: self.share(new, &format!("{path}.new_share"))?,
-            double_click_share: self.share(double, &format!("{path}.double_click_share"))?,
+            claims: self.count_or(raw.claims, 1, &f("claims"))?,
+            paid_share: self.share(raw.paid_share, &f("paid_share"))?,
+            new_share: self.share(raw.new_share, &f("new_share"))?,
+            double_click_share: self.share(raw.double_click_share, &f("double_click_share"))?,
+            challenge_pass: self.share_or(raw.challenge_pass, PEOPLE_PASS, &f("challenge_pass"))?,
+            rush: raw
+                .rush
+                .map(|r| self.rush(r.get_ref(), &f("rush"), span_ms))
+                .transpose()?,
         };
         // Payments are weeks old; a brand-new account cannot have made one. Paid users are
         // drawn among the established ones, so there must be enough of them.
+        let paid = raw.paid_share;
         if let Some(paid) = paid.filter(|_| habits.paid_share + habits.new_share > 1.0) {
             return Err(self.error(
                 &paid.span(),
@@ -450,7 +482,59 @@ impl Validator<'_> {
         Ok(habits)
     }
 
-    fn honest(&self, raw: &RawHonest) -> Checked<Honest> {
+    fn rush(&self, raw: &raw::RawRush, path: &str, span_ms: u64) -> Checked<Rush> {
+        let share = self.share(Some(&raw.share), &format!("{path}.share"))?;
+        let field = format!("{path}.within");
+        let within_ms = self.duration(&raw.within, &field)?;
+        if within_ms > span_ms {
+            return Err(self.error(
+                &raw.within.span(),
+                &field,
+                format!(
+                    "{:?} is longer than span: the rush is the opening part of it",
+                    raw.within.get_ref()
+                ),
+            ));
+        }
+        Ok(Rush { share, within_ms })
+    }
+
+    fn cost(&self, raw: &Spanned<RawCost>, path: &str) -> Checked<Cost> {
+        let c = raw.get_ref();
+        let price = |p: Option<&Price>, name: &str| -> Checked<f64> {
+            let Some(p) = p else {
+                return Ok(0.0);
+            };
+            let v = *p.get_ref();
+            if !v.is_finite() || v < 0.0 {
+                return Err(self.error(
+                    &p.span(),
+                    &format!("{path}.{name}"),
+                    format!("{v} is not a price: a number, 0 or more"),
+                ));
+            }
+            Ok(v)
+        };
+        if c.account.is_none()
+            && c.proxy_address.is_none()
+            && c.device.is_none()
+            && c.challenge_solved.is_none()
+        {
+            return Err(self.error(
+                &raw.span(),
+                path,
+                "name at least one price: account, proxy_address, device or challenge_solved",
+            ));
+        }
+        Ok(Cost {
+            account: price(c.account.as_ref(), "account")?,
+            proxy_address: price(c.proxy_address.as_ref(), "proxy_address")?,
+            device: price(c.device.as_ref(), "device")?,
+            challenge_solved: price(c.challenge_solved.as_ref(), "challenge_solved")?,
+        })
+    }
+
+    fn honest(&self, raw: &RawHonest, span_ms: u64) -> Checked<Honest> {
         let path = "honest";
         let users = self.count(&raw.users, "honest.users")?;
         let networks = self.count_or(raw.networks.as_ref(), users, "honest.networks")?;
@@ -470,17 +554,11 @@ impl Validator<'_> {
             id_prefix: String::new(),
             users,
             networks,
-            habits: self.habits(
-                path,
-                raw.claims.as_ref(),
-                raw.paid_share.as_ref(),
-                raw.new_share.as_ref(),
-                raw.double_click_share.as_ref(),
-            )?,
+            habits: self.habits(path, raw.habits(), span_ms)?,
         })
     }
 
-    fn nat(&self, raw: &RawNat, path: &str) -> Checked<Nat> {
+    fn nat(&self, raw: &RawNat, path: &str, span_ms: u64) -> Checked<Nat> {
         let users = self.count(&raw.users, &format!("{path}.users"))?;
         let cidr = self.cidr(&raw.cidr, &format!("{path}.cidr"))?;
         let field = format!("{path}.addresses");
@@ -499,13 +577,7 @@ impl Validator<'_> {
             users,
             cidr,
             addresses,
-            habits: self.habits(
-                path,
-                raw.claims.as_ref(),
-                raw.paid_share.as_ref(),
-                raw.new_share.as_ref(),
-                raw.double_click_share.as_ref(),
-            )?,
+            habits: self.habits(path, raw.habits(), span_ms)?,
         })
     }
 
@@ -562,6 +634,10 @@ impl Validator<'_> {
             arrive_within_ms,
             interval_ms,
             paid_share,
+            challenge_pass: self.share(raw.challenge_pass.as_ref(), &f("challenge_pass"))?,
+            cost: (raw.cost.as_ref())
+                .map(|c| self.cost(c, &f("cost")))
+                .transpose()?,
         })
     }
 
@@ -691,6 +767,38 @@ impl Validator<'_> {
                     span,
                     field,
                     format!("user ids {id}-NNNNNN would clash with those of {first}; choose another label"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Cohorts sharing a label share one line of the report, so they must share one cost
+    /// (or all have none): the report could not tell which cohort's prices to use.
+    fn one_cost_per_label(&self, raw: &raw::RawScenario, s: &Scenario) -> Checked<()> {
+        // Label -> the first population's field path and cost.
+        let mut first: BTreeMap<&str, (String, Option<Cost>)> = BTreeMap::new();
+        if let Some(h) = &s.honest {
+            first.insert(&h.label, ("[honest]".into(), None));
+        }
+        for (i, n) in s.nats.iter().enumerate() {
+            first
+                .entry(&n.label)
+                .or_insert_with(|| (format!("nat[{i}]"), None));
+        }
+        for (i, (a, r)) in s.attackers.iter().zip(&raw.attacker).enumerate() {
+            let (by, cost) = first
+                .entry(&a.label)
+                .or_insert_with(|| (format!("attacker[{i}]"), a.cost));
+            if *cost != a.cost {
+                let span = r.cost.as_ref().map_or(r.accounts.span(), |c| c.span());
+                return Err(self.error(
+                    &span,
+                    &format!("attacker[{i}].cost"),
+                    format!(
+                        "{by} shares the label {:?} and another cost: one label, one line of the report, one cost",
+                        a.label
+                    ),
                 ));
             }
         }

@@ -7,7 +7,7 @@ use regex::Regex;
 use serde_json::Value;
 
 use super::*;
-use crate::simulate::traffic::{Line, Reader};
+use crate::simulate::traffic::{Cost, Entry, Line, OnChallenge, Reader};
 
 const SMALL: &str = r#"
 seed = 7
@@ -520,6 +520,23 @@ fn scenario_invalid_files_name_the_line_and_field() {
         (ATTACKER.replace("tries = 3\n", ""), "x.toml:5: attacker[0].tries: is required"),
         (format!("{ATTACKER}paid_share = 0.5\n").replace("\"2d\"", "\"1h\""), "x.toml:13: attacker[0].paid_share: needs account_age of at least 2h"),
         ("[honest]\nusers = 10\n[honest]\n".into(), "x.toml:7: invalid TOML"),
+        ("[honest]\nusers = 10\nchallenge_pass = 1.2\n".into(), "x.toml:7: honest.challenge_pass: 1.2 is not between 0 and 1"),
+        ("[honest]\nusers = 10\nrush = { share = 0.6 }\n".into(), "x.toml:7: honest.rush.within: is required"),
+        ("[honest]\nusers = 10\nrush = { share = 1.6, within = \"5m\" }\n".into(), "x.toml:7: honest.rush.share: 1.6 is not between 0 and 1"),
+        ("[honest]\nusers = 10\nrush = { share = 0.5, within = \"2h\" }\n".into(), "x.toml:7: honest.rush.within: \"2h\" is longer than span"),
+        ("[honest]\nusers = 10\nrush = { share = 0.5, within = \"soon\" }\n".into(), "x.toml:7: honest.rush.within: \"soon\" is not a duration"),
+        ("[honest]\nusers = 10\nrush = { share = 0.5, within = \"5m\", spread = 2 }\n".into(), "x.toml:7: honest.rush.spread: unknown field `spread`"),
+        ("[honest]\nusers = 10\ncost = { account = 1 }\n".into(), "x.toml:7: honest.cost: unknown field `cost`"),
+        (format!("{}rush = {{ share = -0.5, within = \"5m\" }}\n", nat("4")), "x.toml:9: nat[0].rush.share: -0.5 is not between 0 and 1"),
+        (format!("{}challenge_pass = 2\n", nat("4")), "x.toml:9: nat[0].challenge_pass: 2 is not between 0 and 1"),
+        (format!("{ATTACKER}challenge_pass = -0.1\n"), "x.toml:13: attacker[0].challenge_pass: -0.1 is not between 0 and 1"),
+        (format!("{ATTACKER}cost = {{ account = -1 }}\n"), "x.toml:13: attacker[0].cost.account: -1 is not a price"),
+        (format!("{ATTACKER}cost = {{ device = nan }}\n"), "x.toml:13: attacker[0].cost.device: NaN is not a price"),
+        (format!("{ATTACKER}cost = {{}}\n"), "x.toml:13: attacker[0].cost: name at least one price"),
+        (format!("{ATTACKER}cost = {{ acount = 1 }}\n"), "x.toml:13: attacker[0].cost.acount: unknown field `acount`"),
+        (format!("{ATTACKER}cost = {{ device = \"cheap\" }}\n"), "x.toml:13: attacker[0].cost.device: invalid type: string \"cheap\", expected a number"),
+        (format!("{ATTACKER}cost = {{ account = 1 }}\n{ATTACKER}cost = {{ account = 2 }}\n"), "x.toml:22: attacker[1].cost: attacker[0] shares the label \"attacker\" and another cost"),
+        (format!("{ATTACKER}cost = {{ account = 1 }}\n{ATTACKER}"), "x.toml:15: attacker[1].cost: attacker[0] shares the label \"attacker\" and another cost"),
     ];
     for (body, want) in cases {
         let got = refused(&body);
@@ -600,8 +617,9 @@ fn scenario_shipped_examples_parse() {
             let s = Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
             assert_eq!(s.scene, "coupon_claim");
-            // The seed's drop opens on Christmas Eve; the untuned one on Black Friday.
-            if name != "flash_drop_mixed.toml" {
+            // The seed's drops open on Christmas Eve; the hold-outs (never tuned to) on
+            // other days.
+            if name != "flash_drop_mixed.toml" && name != "coupon_drop_holdout.toml" {
                 assert_eq!(s.start_ms, start_ms(), "{name}");
             }
             names.push(name);
@@ -612,7 +630,11 @@ fn scenario_shipped_examples_parse() {
         names,
         [
             "coupon_drop_farm.toml",
+            "coupon_drop_holdout.toml",
             "coupon_drop_residential.toml",
+            "coupon_drop_rush.toml",
+            "coupon_drop_rush_residential.toml",
+            "coupon_drop_rush_solver.toml",
             "flash_drop_mixed.toml",
             "quiet_day.toml"
         ]
@@ -641,4 +663,238 @@ fn scenario_shipped_farm_example_has_the_article_numbers() {
         .all(|a| a.proxies == one_net && a.accounts == 1500 && a.tries == 3));
     // 1500 + 150 double clicks, 300 + 30, 4500 + 4500.
     assert_eq!(s.checks(), 1650 + 330 + 9000);
+}
+
+/// A scenario with every challenge and cost field: a rushing crowd that mostly passes, a
+/// NAT that passes half the time, a solver cohort with a cost, a cohort that never passes
+/// with a cost, and one without.
+const CHALLENGED: &str = r#"
+seed = 5
+scene = "coupon_claim"
+start = "2026-12-24T10:00:00Z"
+span = "3h"
+
+[honest]
+users = 400
+new_share = 0.1
+double_click_share = 0.2
+rush = { share = 0.5, within = "5m" }
+
+[[nat]]
+label = "campus"
+users = 200
+cidr = "10.8.0.0/16"
+addresses = 4
+challenge_pass = 0.5
+
+[[attacker]]
+label = "attacker/farm"
+accounts = 500
+devices = 10
+proxies = { cidrs = ["203.0.113.0/24"] }
+tries = 2
+account_age = "2d"
+arrive_within = "2m"
+interval = "11s"
+challenge_pass = 0.2
+cost = { account = 0.3, device = 8 }
+
+[[attacker]]
+label = "attacker/spoofed"
+accounts = 300
+devices = "per_account"
+proxies = { cidrs = ["203.0.113.0/24"] }
+tries = 1
+account_age = "2d"
+arrive_within = "2m"
+interval = "11s"
+cost = { proxy_address = 0.05, challenge_solved = 0.003 }
+
+[[attacker]]
+label = "attacker/unpriced"
+accounts = 10
+devices = 1
+proxies = { cidrs = ["203.0.113.0/24"] }
+tries = 1
+account_age = "2d"
+arrive_within = "2m"
+interval = "11s"
+"#;
+
+/// Every line, whatever its kind.
+fn entries(bytes: &[u8]) -> Vec<Entry> {
+    let mut reader = Reader::new(bytes);
+    std::iter::from_fn(|| reader.next_entry())
+        .map(|e| e.unwrap_or_else(|e| panic!("{e}")).1)
+        .collect()
+}
+
+#[test]
+fn scenario_cohort_lines_come_first_with_the_costs_given() {
+    let s = scenario(CHALLENGED);
+    let (bytes, summary) = generate(&s, s.seed);
+    let all = entries(&bytes);
+    let cohorts: Vec<(String, Cost)> = all
+        .iter()
+        .map_while(|e| match e {
+            Entry::Cohort(c) => Some((c.label.clone(), c.cost)),
+            Entry::Happens { .. } => None,
+        })
+        .collect();
+    // A price left out is 0; a cohort without a cost has no line.
+    assert_eq!(
+        cohorts,
+        [
+            (
+                "attacker/farm".to_string(),
+                Cost {
+                    account: 0.3,
+                    device: 8.0,
+                    ..Cost::default()
+                }
+            ),
+            (
+                "attacker/spoofed".to_string(),
+                Cost {
+                    proxy_address: 0.05,
+                    challenge_solved: 0.003,
+                    ..Cost::default()
+                }
+            ),
+        ]
+    );
+    let later = all[2..]
+        .iter()
+        .filter(|e| matches!(e, Entry::Cohort(_)))
+        .count();
+    assert_eq!(later, 0, "cohort lines come before every other line");
+    assert_eq!(summary.cohorts, 2);
+    assert_eq!(
+        summary.lines,
+        summary.cohorts + summary.checks + summary.events
+    );
+    assert_eq!(
+        bytes.iter().filter(|&&b| b == b'\n').count() as u64,
+        summary.lines
+    );
+    // Two cohorts sharing a label and its cost write one line for it.
+    let twice = CHALLENGED
+        .replace("\"attacker/spoofed\"", "\"attacker/farm\"")
+        .replace(
+            "cost = { proxy_address = 0.05, challenge_solved = 0.003 }",
+            "cost = { account = 0.3, device = 8 }",
+        );
+    let (_, summary) = generate(&scenario(&twice), 5);
+    assert_eq!(summary.cohorts, 1);
+}
+
+#[test]
+fn scenario_every_check_says_what_its_sender_does_when_challenged() {
+    let s = scenario(CHALLENGED);
+    let (bytes, _) = generate(&s, s.seed);
+    // label -> (lines, passes); copies of a double click apart.
+    let mut answers: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut copies = 0;
+    let mut keys = BTreeSet::new();
+    for e in entries(&bytes) {
+        let Entry::Happens {
+            line: Line::Check { label, check, .. },
+            on_challenge,
+        } = e
+        else {
+            continue;
+        };
+        let on_challenge = on_challenge.expect("a generated check says what its sender does");
+        // The second line with one idempotency key is a double click's copy: the person
+        // answers the challenge on their screen once, for the click it copies.
+        if let Some(key) = check.get("idempotency_key").and_then(Value::as_str) {
+            if !keys.insert(key.to_string()) {
+                copies += 1;
+                assert_eq!(on_challenge, OnChallenge::GiveUp, "{check}");
+                continue;
+            }
+        }
+        let a = answers.entry(label.unwrap()).or_default();
+        a.0 += 1;
+        if let OnChallenge::Pass { solve_ms } = on_challenge {
+            a.1 += 1;
+            assert!((4_000..=40_000).contains(&solve_ms), "{solve_ms}");
+        }
+    }
+    assert_eq!(copies, 80, "20% of 400 honest users double-click");
+    let share = |label: &str| {
+        let (lines, passes) = answers[label];
+        passes as f64 / lines as f64
+    };
+    // Drawn per line: honest users default to 95%, the campus says 50%, the solver 20%,
+    // attackers default to never.
+    assert!((0.92..=0.98).contains(&share("honest")), "{answers:?}");
+    assert!((0.4..=0.6).contains(&share("campus")), "{answers:?}");
+    assert!(
+        (0.16..=0.24).contains(&share("attacker/farm")),
+        "{answers:?}"
+    );
+    assert_eq!(answers["attacker/spoofed"].1, 0, "{answers:?}");
+    assert_eq!(answers["attacker/unpriced"].1, 0, "{answers:?}");
+}
+
+#[test]
+fn scenario_rushing_users_claim_in_the_opening_minutes() {
+    let s = scenario(CHALLENGED);
+    assert_eq!(
+        s.honest.as_ref().unwrap().habits.rush,
+        Some(Rush {
+            share: 0.5,
+            within_ms: 300_000
+        })
+    );
+    let (bytes, _) = generate(&s, s.seed);
+    let (checks, _) = read(&bytes);
+    let opening = start_ms() + 300_000;
+    let mut first: BTreeMap<&str, u64> = BTreeMap::new();
+    for c in checks.iter().filter(|c| c.label == "honest") {
+        let t = first.entry(&c.user).or_insert(c.at_ms);
+        *t = (*t).min(c.at_ms);
+    }
+    let early = first.values().filter(|&&t| t < opening).count();
+    // The 200 rushers, and the few of the other 200 whose time over three hours falls in
+    // its first five minutes (about 6).
+    assert!((200..=215).contains(&early), "{early}");
+    assert!(first
+        .values()
+        .all(|&t| t < start_ms() + 3 * 3_600_000 + 600));
+    // Without a rush, the campus spreads over the span.
+    let campus_early = checks
+        .iter()
+        .filter(|c| c.label == "campus" && c.at_ms < opening)
+        .count();
+    assert!(campus_early < 20, "{campus_early}");
+}
+
+#[test]
+fn scenario_challenge_answers_leave_the_claims_as_they_were() {
+    // Answers are drawn from a stream of their own: a file that gives challenge_pass makes
+    // the same claims, at the same times, as one that does not.
+    let claims = |bytes: &[u8]| -> Vec<String> {
+        entries(bytes)
+            .into_iter()
+            .map(|e| match e {
+                Entry::Happens { line, .. } => line.to_json(),
+                Entry::Cohort(c) => c.label,
+            })
+            .collect()
+    };
+    let plain = generate(&scenario(SMALL), 3).0;
+    let with = SMALL
+        .replace("networks = 10\n", "networks = 10\nchallenge_pass = 0.3\n")
+        .replace(
+            "interval = \"5s\"\n",
+            "interval = \"5s\"\nchallenge_pass = 0.9\n",
+        );
+    let answered = generate(&scenario(&with), 3).0;
+    assert_ne!(plain, answered);
+    assert_eq!(claims(&plain), claims(&answered));
+    // And the same seed gives the same bytes, answers included.
+    assert_eq!(answered, generate(&scenario(&with), 3).0);
+    assert_ne!(answered, generate(&scenario(&with), 4).0);
 }
