@@ -191,8 +191,7 @@ fn check_fields(scene: &Scene) -> BTreeSet<String> {
 
 /// The fields a refund of `scene` must carry: every dimension the scene requires, even
 /// one no limit counts on, since the request's record is found through them (see
-/// `crate::refund::require`). Documenting only the limits' dimensions let a schema-valid
-/// refund of a scene with a required dimension no limit counts on be refused.
+/// `crate::refund::require`).
 fn refund_fields(scene: &Scene) -> BTreeSet<String> {
     check_fields(scene)
 }
