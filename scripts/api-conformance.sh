@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# API conformance: starts vigia (embedded store, a temp data folder, the shipped rules/,
-# both tokens set) on a free port, validates its /openapi.json with openapi-spec-validator,
+# API conformance: starts vigia (embedded store, a temp data folder, the shipped rules/
+# plus one scene that challenges, both tokens set) on a free port, validates its /openapi.json with openapi-spec-validator,
 # then runs schemathesis with every check against it. Exits non-zero on any finding.
 #
 #   scripts/api-conformance.sh [VIGIA_BINARY]
@@ -51,9 +51,15 @@ trap cleanup EXIT
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export VIGIA_CI_CHECK_TOKEN="ci-check-$RANDOM$RANDOM"
 export VIGIA_CI_ADMIN_TOKEN="ci-admin-$RANDOM$RANDOM"
+# The shipped rules have no scene that answers challenge, so the 403 and a
+# `challenge_passed` naming a scene could not be reached: scene `c` of the ops tests'
+# fixture (every fresh check challenged) joins a copy of them.
+mkdir "$work/rules"
+cp -R "$repo/rules/." "$work/rules/"
+cp "$repo/tests/fixtures/ops/challenge.toml" "$work/rules/zz_challenge.toml"
 cat >"$work/config.toml" <<TOML
 listen = "127.0.0.1:$port"
-rules_dir = "$repo/rules"
+rules_dir = "$work/rules"
 data_dir = "$work/data"
 
 [store]

@@ -104,7 +104,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::check::decision::{Decision, Reason};
+    use crate::check::decision::{ChallengeAsk, Decision, Reason};
 
     /// A `MakeWriter` that keeps what was written.
     #[derive(Clone, Default)]
@@ -175,6 +175,29 @@ mod tests {
         }
         // Absent dimensions are absent, not empty.
         assert!(f.get("activity_id").is_none(), "{text}");
+    }
+
+    #[test]
+    fn a_challenge_is_its_own_decision_from_the_security_layer_for_its_score() {
+        let mut resp = CheckResponse::allow("coupon_claim", "01KCHL", "v7");
+        resp.decision = Decision::Challenge {
+            reason: Reason::Score,
+            ask: ChallengeAsk {
+                kind: "captcha".into(),
+                message: Some("Confirma que eres tú".into()),
+            },
+        };
+        resp.score = 0.5;
+        let lines = lines(DecisionLogMode::Hashed, &body(), &resp);
+        assert_eq!(lines.len(), 1);
+        let f = &lines[0]["fields"];
+        assert_eq!(f["request_id"], "01KCHL");
+        // Not an allow and not a deny: an auditor counting denies must not count it.
+        assert_eq!(f["decision"], "challenge");
+        assert_eq!(f["layer"], "security");
+        assert_eq!(f["reason"], "score");
+        assert_eq!(f["score"], 0.5);
+        assert_eq!(f["user_id"], hashed("10086"));
     }
 
     #[test]

@@ -14,12 +14,24 @@ prints, with the shipped rules (coupon_claim: one claim per user per 10 s):
 |----------------------------------------------|-------------|-----------------------------------------------|
 | 200 `allow`                                  | `grant`     | grants the coupon                             |
 | 429 `friendly_deny`                          | `deny`      | shows `message` and "retry after N" seconds   |
+| 403 `challenge`                              | `challenge` | verifies the person (`challenge.kind`), reports `challenge_passed`, claims again |
 | 200 `silent_deny`                            | `pretend`   | answers exactly as for a grant, grants nothing |
 | 503 (`store_unavailable`, scene fail_close)  | `try_again` | shows "try again in N s", grants nothing      |
 | timeout, connection error, other 5xx         | `on_unavailable` (the scene's choice: `try_again` for coupons, `grant` for cheap actions) |
 
 A 400 or 401 is a bug in the call itself (a missing dimension, a wrong token): it raises
 `CheckError` rather than guessing.
+
+A challenge means vigia is unsure this is a person: `claim()` asks the person to prove it
+(`verify_person`, a stand-in here for your captcha or SMS flow), reports the pass to
+`/v1/events` with the admin token (`VIGIA_ADMIN_TOKEN` or `--admin-token`), and sends the
+same claim again under the same idempotency key: a challenged claim consumed nothing, so
+it is decided anew, and for the scene's `pass_ttl` that user on that device is not
+challenged again. With a scene that challenges a fresh user it prints:
+
+    challenged: captcha: Demuestra que eres tú
+    verified: pass reported, claiming again
+    granted
 
 The idempotency key names the user's action (one per click on "claim", the same for
 a retry or a double click's copy): vigia counts it once and answers a repeat with
@@ -28,6 +40,7 @@ grant once. That is what makes the one retry after a timeout here safe.
 """
 
 import argparse
+import datetime
 import json
 import os
 import socket
@@ -42,6 +55,7 @@ GRANT = "grant"
 DENY = "deny"
 PRETEND = "pretend"
 TRY_AGAIN = "try_again"
+CHALLENGE = "challenge"
 
 
 class CheckError(Exception):
@@ -50,8 +64,9 @@ class CheckError(Exception):
 
 @dataclass
 class Outcome:
-    action: str                      # grant | deny | pretend | try_again
-    message: Optional[str] = None    # the scene's deny message (deny)
+    action: str                      # grant | deny | pretend | try_again | challenge
+    message: Optional[str] = None    # the scene's deny message (deny) or challenge message
+    challenge_kind: Optional[str] = None  # what to ask the person: captcha, sms… (challenge)
     retry_after: Optional[int] = None  # seconds (deny, try_again)
     request_id: Optional[str] = None
     duplicate_of: Optional[str] = None  # a repeat of an action already counted
@@ -66,6 +81,9 @@ class Outcome:
         if self.action == PRETEND:
             # The user sees "granted"; only the backend's own log knows.
             return "pretended: success shown, nothing granted"
+        if self.action == CHALLENGE:
+            shown = f": {self.message}" if self.message else ""
+            return f"challenged: {self.challenge_kind}{shown}"
         after = f", retry after {self.retry_after}" if self.retry_after else ""
         return f"try again{after}"
 
@@ -100,6 +118,11 @@ def _outcome(status: int, headers, raw: bytes) -> Outcome:
     if status == 429:
         return Outcome(DENY, message=body.get("message"),
                        retry_after=_retry_after(headers, body), **common)
+    if status == 403 and decision == "challenge":
+        # Nothing was counted: the claim may be sent again once the person passed.
+        ask = body.get("challenge") if isinstance(body.get("challenge"), dict) else {}
+        return Outcome(CHALLENGE, message=ask.get("message"),
+                       challenge_kind=ask.get("kind"), **common)
     if status == 503:
         # The scene fails closed while vigia's store is down: nothing is counted, so
         # nothing may be granted; the user can try again shortly.
@@ -153,6 +176,71 @@ def check(base_url: str, scene: str, *, user_id: str, device_id: str, ip: str,
     return Outcome(on_unavailable, degraded=True)
 
 
+def verify_person(kind: Optional[str], message: Optional[str], user_id: str) -> bool:
+    """STAND-IN: a real backend shows the person the challenge vigia asked for (`kind`:
+    captcha, sms…, with `message`) and returns whether they passed it. This demo has no
+    person to ask, so everyone passes."""
+    return True
+
+
+def _now_rfc3339() -> str:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def report_pass(base_url: str, *, user_id: str, device_id: Optional[str], scene: Optional[str],
+                token: Optional[str], timeout: float = 0.5, retries: int = 1) -> bool:
+    """Tells vigia the person passed a challenge (`challenge_passed`, admin auth): for the
+    scene's `pass_ttl` that user, on that device, is not challenged again. Returns False
+    when vigia could not be reached (the claim then stays challenged). The event id is made
+    once, so a retry after a timeout is counted once."""
+    event = {"event_id": f"pass-{uuid.uuid4()}", "type": "challenge_passed",
+             "user_id": user_id, "occurred_at": _now_rfc3339()}
+    if device_id is not None:
+        event["device_id"] = device_id
+    if scene is not None:
+        event["scene"] = scene
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(event).encode("utf-8")
+    url = base_url.rstrip("/") + "/v1/events"
+    for _ in range(retries + 1):
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as resp:
+                return resp.status == 202
+        except urllib.error.HTTPError as err:
+            if 400 <= err.code < 500:
+                # A wrong admin token or a scene that never challenges: fix the call.
+                raise CheckError(f"vigia refused the pass ({err.code}): "
+                                 f"{err.read().decode('utf-8', 'replace')}") from None
+            continue
+        except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError):
+            continue
+    return False
+
+
+def claim(base_url: str, scene: str, *, user_id: str, device_id: str, ip: str,
+          admin_token: Optional[str] = None, say=print, **check_args) -> Outcome:
+    """One user action, challenge included: `check()`, and on a challenge the person is
+    verified, the pass reported and the claim sent again with the same idempotency key
+    (once: a claim challenged again after a reported pass is not granted)."""
+    outcome = check(base_url, scene, user_id=user_id, device_id=device_id, ip=ip, **check_args)
+    if outcome.action != CHALLENGE:
+        return outcome
+    say(outcome.describe())
+    if not verify_person(outcome.challenge_kind, outcome.message, user_id):
+        say("not verified: nothing granted")
+        return outcome
+    if not report_pass(base_url, user_id=user_id, device_id=device_id, scene=scene,
+                       token=admin_token, timeout=check_args.get("timeout", 0.5)):
+        say("verified, but vigia could not be told: nothing granted")
+        return outcome
+    say("verified: pass reported, claiming again")
+    return check(base_url, scene, user_id=user_id, device_id=device_id, ip=ip, **check_args)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Claim a coupon through vigia, as a backend would.")
     p.add_argument("--url", default="http://127.0.0.1:8080")
@@ -167,12 +255,16 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=0.5, help="seconds per attempt")
     p.add_argument("--fail-open", action="store_true",
                    help="grant when vigia cannot be reached (cheap actions only)")
+    p.add_argument("--admin-token", default=os.environ.get("VIGIA_ADMIN_TOKEN"),
+                   help="vigia's admin token, to report challenge passes "
+                        "(default: $VIGIA_ADMIN_TOKEN; none needed from loopback without one)")
     args = p.parse_args(argv)
     for _ in range(args.calls):
         try:
-            outcome = check(args.url, args.scene, user_id=args.user, device_id=args.device,
-                            ip=args.ip, activity_id=args.activity,
-                            user_created_at=args.created_at,
+            outcome = claim(args.url, args.scene, user_id=args.user, device_id=args.device,
+                            ip=args.ip, admin_token=args.admin_token,
+                            say=lambda line: print(line, flush=True),
+                            activity_id=args.activity, user_created_at=args.created_at,
                             idempotency_key=str(uuid.uuid4()),
                             token=os.environ.get("VIGIA_CHECK_TOKEN"), timeout=args.timeout,
                             on_unavailable=GRANT if args.fail_open else TRY_AGAIN)

@@ -14,14 +14,17 @@ use crate::rules::RuleSet;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Decisions {
     pub allow: u64,
+    /// Challenges issued (403 `challenge`): the backend was asked to verify the person.
+    pub challenge: u64,
     pub friendly_deny: u64,
     pub silent_deny: u64,
 }
 
 impl Decisions {
-    /// Every check decided.
+    /// Every check decided (a challenged claim sent again after its pass counts twice:
+    /// once challenged, once as decided then).
     pub fn checks(&self) -> u64 {
-        self.allow + self.friendly_deny + self.silent_deny
+        self.allow + self.challenge + self.friendly_deny + self.silent_deny
     }
 }
 
@@ -38,6 +41,9 @@ pub struct SceneTotals {
     pub dimensions: BTreeMap<String, u64>,
     /// Checks on which the signal fired, by signal name.
     pub signals: BTreeMap<String, u64>,
+    /// Challenge passes the backend reported for this scene (`challenge_passed` events
+    /// naming it); with `decisions.challenge`, the scene's pass rate.
+    pub challenge_passes: u64,
 }
 
 /// Every count the ops page shows.
@@ -48,6 +54,9 @@ pub struct Totals {
     pub store_errors: u64,
     /// Rule set loads by result (`ok`, `error`).
     pub rule_reloads: BTreeMap<String, u64>,
+    /// Challenge passes reported without a scene (they lift every scene's band, so
+    /// they are in no one scene's pass rate).
+    pub challenge_passes_unscoped: u64,
 }
 
 impl Totals {
@@ -87,6 +96,7 @@ impl Totals {
                         let d = &mut scene_in(&mut totals.scenes, scene).decisions;
                         match label("decision") {
                             "allow" => d.allow += value,
+                            "challenge" => d.challenge += value,
                             "friendly_deny" => d.friendly_deny += value,
                             "silent_deny" => d.silent_deny += value,
                             _ => {}
@@ -105,6 +115,12 @@ impl Totals {
                             .entry(label("signal").to_string())
                             .or_default() += value;
                     }
+                    // `all`: the pass named no scene (see `Metrics::challenge_pass`);
+                    // kept apart so it never shows up as a scene of its own.
+                    "vigia_challenge_passes_total" => match scene {
+                        "all" => totals.challenge_passes_unscoped += value,
+                        _ => scene_in(&mut totals.scenes, scene).challenge_passes += value,
+                    },
                     "vigia_degraded_decisions_total" => {
                         scene_in(&mut totals.scenes, scene).degraded += value
                     }
@@ -148,6 +164,10 @@ impl Totals {
                             .decisions
                             .allow
                             .saturating_sub(was(|t| t.decisions.allow)),
+                        challenge: now
+                            .decisions
+                            .challenge
+                            .saturating_sub(was(|t| t.decisions.challenge)),
                         friendly_deny: now
                             .decisions
                             .friendly_deny
@@ -161,6 +181,9 @@ impl Totals {
                     limits: map(&now.limits, then.map(|t| &t.limits)),
                     dimensions: map(&now.dimensions, then.map(|t| &t.dimensions)),
                     signals: map(&now.signals, then.map(|t| &t.signals)),
+                    challenge_passes: now
+                        .challenge_passes
+                        .saturating_sub(was(|t| t.challenge_passes)),
                 };
                 (name.clone(), scene)
             })
@@ -169,6 +192,9 @@ impl Totals {
             scenes,
             store_errors: self.store_errors.saturating_sub(earlier.store_errors),
             rule_reloads: map(&self.rule_reloads, Some(&earlier.rule_reloads)),
+            challenge_passes_unscoped: self
+                .challenge_passes_unscoped
+                .saturating_sub(earlier.challenge_passes_unscoped),
         }
     }
 }
@@ -243,6 +269,32 @@ max = 5
         assert_eq!(delta.scenes["s"].limits["per_ip"], 1);
         assert_eq!(delta.scenes["s"].decisions.checks(), 0);
         assert_eq!(delta.store_errors, 0);
+    }
+
+    #[test]
+    fn challenges_count_as_checks_and_passes_go_to_their_scene_or_to_none() {
+        let metrics = Metrics::new();
+        let rules = rules();
+        metrics.decision("s", "challenge", "security", "score");
+        metrics.decision("s", "challenge", "security", "score");
+        metrics.decision("s", "allow", "none", "none");
+        metrics.challenge_pass("s");
+        let before = Totals::read(&metrics.gather(), &rules);
+        let s = &before.scenes["s"];
+        assert_eq!(s.decisions.challenge, 2);
+        assert_eq!(s.decisions.checks(), 3, "a challenge is a check decided");
+        assert_eq!(s.challenge_passes, 1);
+
+        // A pass naming no scene is counted apart, not as a scene called "all".
+        metrics.challenge_pass("all");
+        metrics.challenge_pass("s");
+        let after = Totals::read(&metrics.gather(), &rules);
+        assert_eq!(after.scenes.keys().collect::<Vec<_>>(), ["s"], "{after:?}");
+        assert_eq!(after.challenge_passes_unscoped, 1);
+        let delta = after.since(&before);
+        assert_eq!(delta.scenes["s"].challenge_passes, 1);
+        assert_eq!(delta.scenes["s"].decisions.challenge, 0);
+        assert_eq!(delta.challenge_passes_unscoped, 1);
     }
 
     #[test]

@@ -49,8 +49,10 @@ pub struct PassEvent {
     pub kind: EventKind,
     #[schema(value_type = Id)]
     pub user_id: String,
-    /// The device the challenge was passed on; absent: any device.
-    #[schema(value_type = Option<DeviceId>)]
+    /// The device the challenge was passed on; absent: any device. Unlike a check's, a
+    /// pass's device id is read as an id (1 to 128 characters) and must match the rules'
+    /// `[validation].device_id` pattern, else the event is refused (400).
+    #[schema(value_type = Option<Id>)]
     pub device_id: Option<String>,
     /// A scene with a `[challenge]`; absent: every scene that challenges.
     pub scene: Option<String>,

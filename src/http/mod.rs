@@ -133,6 +133,7 @@ use openapi::SecuritySchemes;
         admin::ReloadAnswer,
         ops_page::OpsView,
         ops_page::OpsRules,
+        ops_page::OpsChallenge,
         ops_page::OpsStore,
         crate::dashboard::Totals,
         crate::dashboard::SceneTotals,

@@ -101,7 +101,7 @@ pub fn require_documented_headers(doc: &mut Value) {
 /// A body with `events` is a batch (which holds nothing else), so a single event may not
 /// carry that field; said here because utoipa's derive has no "forbidden property".
 pub fn forbid_events_in_single_events(doc: &mut Value) {
-    for name in ["AwardEvent", "RollbackEvent"] {
+    for name in ["AwardEvent", "PassEvent", "RollbackEvent"] {
         let pointer = format!("/components/schemas/{name}/properties");
         if let Some(props) = doc.pointer_mut(&pointer).and_then(Value::as_object_mut) {
             props.insert(
@@ -132,6 +132,51 @@ pub fn narrow_to_rules(doc: &mut Value, rules: &RuleSet) {
             *schema = per_scene(schema, rules, demanded);
         }
     }
+    if let Some(props) = schemas
+        .get_mut("PassEvent")
+        .and_then(|s| s.get_mut("properties"))
+        .and_then(Value::as_object_mut)
+    {
+        narrow_pass(props, rules);
+    }
+}
+
+/// A `challenge_passed` event under `rules`: its `scene`, when given, is one that can
+/// challenge (the service refuses any other, `crate::trust::events`), so with no such
+/// scene it can only be absent; its `device_id` matches `[validation].device_id`, which the
+/// service applies to a pass's device (a 400, where a check's forged device is a silent
+/// deny).
+fn narrow_pass(props: &mut Map<String, Value>, rules: &RuleSet) {
+    let challenging: Vec<&str> = rules
+        .scenes
+        .values()
+        .filter(|s| s.challenge.is_some())
+        .map(|s| s.name.as_str())
+        .collect();
+    let description = props.get("scene").and_then(description_of);
+    let mut scene = if challenging.is_empty() {
+        json!({"type": "null"})
+    } else {
+        json!({"oneOf": [{"type": "null"}, {"type": "string", "enum": challenging}]})
+    };
+    if let Some(d) = description {
+        scene["description"] = d;
+    }
+    props.insert("scene".into(), scene);
+    if let Some(pattern) = &rules.validation.device_id {
+        // A string only: an integer id is read as its decimal text, which a pattern
+        // cannot be checked to admit; a client sends device ids as strings.
+        let mut device = json!({"oneOf": [{"type": "null"}, {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": crate::input::MAX_ID_LEN,
+            "pattern": pattern.as_str(),
+        }]});
+        if let Some(d) = props.get("device_id").and_then(description_of) {
+            device["description"] = d;
+        }
+        props.insert("device_id".into(), device);
+    }
 }
 
 /// The fields a check of `scene` must carry: its required dimensions (see
@@ -144,16 +189,11 @@ fn check_fields(scene: &Scene) -> BTreeSet<String> {
         .collect()
 }
 
-/// The fields a refund of `scene` must carry: the required dimensions a limit counts on
-/// (see `crate::refund`).
+/// The fields a refund of `scene` must carry: every dimension the scene requires, even
+/// one no limit counts on, since the request's record is found through them (see
+/// `crate::refund::require`).
 fn refund_fields(scene: &Scene) -> BTreeSet<String> {
-    scene
-        .limits
-        .iter()
-        .flat_map(|l| &l.dimensions)
-        .filter(|d| scene.required.contains(d))
-        .map(|d| d.request_field().into_owned())
-        .collect()
+    check_fields(scene)
 }
 
 fn per_scene(base: &Value, rules: &RuleSet, demanded: fn(&Scene) -> BTreeSet<String>) -> Value {
@@ -256,6 +296,17 @@ fn attrs_schema(rules: &RuleSet, demanded: &[&str]) -> Value {
         schema["required"] = json!(demanded);
     }
     schema
+}
+
+/// A property's description: utoipa writes it beside the property's schema, or (for an
+/// optional reference) inside the referring alternative of its `oneOf`.
+fn description_of(prop: &Value) -> Option<Value> {
+    prop.get("description").cloned().or_else(|| {
+        prop.get("oneOf")?
+            .as_array()?
+            .iter()
+            .find_map(|alt| alt.get("description").cloned())
+    })
 }
 
 /// The schema without its `null` alternative: a demanded field that is null is missing.

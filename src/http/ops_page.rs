@@ -3,6 +3,8 @@
 //! external asset: its Content-Security-Policy forbids them). Admin auth, also as HTTP
 //! Basic so a browser can prompt for the token.
 
+use std::collections::BTreeMap;
+
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -27,6 +29,18 @@ pub struct OpsRules {
     pub loaded_at: String,
     /// The last load that failed, until one succeeds (the previous rules keep serving).
     pub last_error: Option<RulesError>,
+    /// The scenes that can answer challenge (a `[scene.X.challenge]`), by name: what they
+    /// ask. The page shows a pass rate for these (and for any scene that counted one).
+    pub challenges: BTreeMap<String, OpsChallenge>,
+}
+
+/// What a scene's challenge asks (`[scene.X.challenge]`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpsChallenge {
+    /// `captcha`, `sms`…, as the answer's `challenge.kind` says it.
+    pub kind: String,
+    /// How long a reported pass keeps the user out of the band, ms.
+    pub pass_ttl_ms: u64,
 }
 
 /// The store's state.
@@ -78,8 +92,9 @@ pub async fn page(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRe
         .body(PAGE))
 }
 
-/// What the ops page shows, as JSON: per scene decisions, blocks by limit and dimension
-/// and signals fired (totals and 15 minutes of sampled deltas); rules; store state.
+/// What the ops page shows, as JSON: per scene decisions, blocks by limit and dimension,
+/// signals fired and challenge passes reported (totals and 15 minutes of sampled deltas);
+/// rules; store state.
 #[utoipa::path(get, path = "/v1/admin/ops",
     security(("admin_token" = []), ("admin_basic" = [])),
     responses(
@@ -101,6 +116,18 @@ pub async fn data(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRe
             version: rules.version.clone(),
             loaded_at: crate::clock::rfc3339(state.rules.loaded_at_ms()),
             last_error: state.last_rules_error.load_full().map(|e| (*e).clone()),
+            challenges: rules
+                .scenes
+                .iter()
+                .filter_map(|(name, scene)| {
+                    let c = scene.challenge.as_ref()?;
+                    let ask = OpsChallenge {
+                        kind: c.kind.clone(),
+                        pass_ttl_ms: c.pass_ttl_ms,
+                    };
+                    Some((name.clone(), ask))
+                })
+                .collect(),
         },
         store: OpsStore {
             kind: store.kind(),

@@ -4,6 +4,7 @@
 //! against a live service is `scripts/api-conformance.sh`.)
 
 use serde_json::{json, Value};
+use vigia::clock::{Clock, SystemClock};
 
 use crate::common::{body, limit, scene, spawn_app_configured, RedisServer, TestApp};
 
@@ -291,9 +292,202 @@ async fn the_events_body_is_one_event_or_a_batch() {
         json!([
             "payment_succeeded",
             "identity_verified",
+            "challenge_passed",
             "benefit_rolled_back"
         ])
     );
+}
+
+#[actix_web::test]
+async fn a_refund_body_requires_every_dimension_its_scene_requires() {
+    // Scene `c` requires user, device and ip and has no limit: a refund is still refused
+    // without one of them (the request's record is found through them).
+    let app = challenge_app().await;
+    let doc = document(&app).await;
+    let schema =
+        &doc["paths"]["/v1/refund"]["post"]["requestBody"]["content"]["application/json"]["schema"];
+    let variants = resolve(&doc, schema)["oneOf"].as_array().unwrap();
+    let c = variants
+        .iter()
+        .find(|v| v["properties"]["scene"]["enum"] == json!(["c"]))
+        .expect("a variant for c");
+    assert_eq!(
+        required(c),
+        ["device_id", "ip", "request_id", "scene", "user_id"]
+    );
+    let resp = app
+        .client
+        .post(format!("{}/v1/refund", app.base))
+        .bearer_auth("admin-t")
+        .json(&json!({"scene": "c", "request_id": "r1", "user_id": "ann", "ip": "192.0.2.1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let e: Value = resp.json().await.unwrap();
+    assert_eq!(e["error"]["field"], "device_id", "{e}");
+}
+
+/// `app()`'s tokens over scene `s` and scene `c`, whose every fresh check is challenged
+/// (tests/fixtures/ops/challenge.toml).
+async fn challenge_app() -> TestApp {
+    let rules = scene(&limit(
+        "user_10s",
+        "\"user\"",
+        "sliding_window",
+        "10s",
+        1,
+        "business",
+    ));
+    spawn_app_configured(
+        RedisServer::start(),
+        &[
+            ("s.toml", &rules),
+            ("c.toml", include_str!("../fixtures/ops/challenge.toml")),
+        ],
+        |c| {
+            c.auth.check_token = "check-t".into();
+            c.auth.admin_token = "admin-t".into();
+        },
+    )
+    .await
+}
+
+/// The names in a schema's `required`, sorted.
+fn required(schema: &Value) -> Vec<&str> {
+    let mut names: Vec<&str> = schema["required"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no required in {schema}"))
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    names.sort_unstable();
+    names
+}
+
+#[actix_web::test]
+async fn a_challenge_is_a_documented_403_with_the_body_the_service_sends() {
+    let app = challenge_app().await;
+    let doc = document(&app).await;
+    let forbidden = &doc["paths"]["/v1/check"]["post"]["responses"]["403"];
+    let description = forbidden["description"].as_str().unwrap_or_default();
+    assert!(
+        description.contains("challenge_passed") && description.contains("idempotency_key"),
+        "the 403 tells the backend what to do: {description}"
+    );
+    let body_schema = resolve(&doc, &forbidden["content"]["application/json"]["schema"]);
+    let verdicts = &resolve(&doc, &body_schema["properties"]["decision"])["enum"];
+    assert!(
+        verdicts.as_array().unwrap().contains(&json!("challenge")),
+        "{verdicts}"
+    );
+    assert!(required(body_schema).contains(&"challenge"));
+    // `challenge` is what to ask, or null for every other decision.
+    let alternatives = body_schema["properties"]["challenge"]["oneOf"]
+        .as_array()
+        .expect("challenge: one of two");
+    assert!(
+        alternatives.contains(&json!({"type": "null"})),
+        "{alternatives:?}"
+    );
+    let ask = alternatives
+        .iter()
+        .map(|a| resolve(&doc, a))
+        .find(|a| a["type"] == "object")
+        .expect("an object alternative");
+    assert_eq!(required(ask), ["kind", "message"]);
+
+    // What the service answers a challenged check is that documented body.
+    let resp = app
+        .client
+        .post(format!("{}/v1/check", app.base))
+        .bearer_auth("check-t")
+        .json(&json!({"scene": "c", "user_id": "ann", "device_id": "device-ann-0001", "ip": "192.0.2.1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    let answer: Value = resp.json().await.unwrap();
+    for field in required(body_schema) {
+        assert!(answer.get(field).is_some(), "{field} missing: {answer}");
+    }
+    assert_eq!(answer["decision"], "challenge");
+    assert_eq!(answer["layer"], "security");
+    assert_eq!(answer["reason"], "score");
+    assert_eq!(answer["message"], "Demuestra que eres tú");
+    assert_eq!(
+        answer["challenge"],
+        json!({"kind": "captcha", "message": "Demuestra que eres tú"})
+    );
+}
+
+#[actix_web::test]
+async fn the_challenge_passed_event_is_documented_narrowed_to_the_rules_and_taken() {
+    let app = challenge_app().await;
+    let doc = document(&app).await;
+    let forms: Vec<&str> = doc["components"]["schemas"]["EventBody"]["oneOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["$ref"].as_str())
+        .collect();
+    assert!(
+        forms.contains(&"#/components/schemas/PassEvent"),
+        "{forms:?}"
+    );
+    let pass = &doc["components"]["schemas"]["PassEvent"];
+    let props = &pass["properties"];
+    assert_eq!(props["type"]["enum"], json!(["challenge_passed"]));
+    assert_eq!(
+        required(pass),
+        ["event_id", "occurred_at", "type", "user_id"]
+    );
+    // Only a scene that can challenge may be named (or none: every such scene).
+    assert_eq!(
+        props["scene"]["oneOf"],
+        json!([{"type": "null"}, {"type": "string", "enum": ["c"]}])
+    );
+    // The device id must match the rules' pattern (the service refuses a pass otherwise).
+    let device = props["device_id"]["oneOf"].as_array().unwrap();
+    assert!(
+        device
+            .iter()
+            .any(|d| d["pattern"] == "^[A-Za-z0-9_-]{8,64}$"),
+        "{device:?}"
+    );
+    assert!(
+        props["events"]["not"].is_object(),
+        "a single event has no `events`"
+    );
+
+    let event = |scene: &str| {
+        json!({"event_id": format!("pass-{scene}"), "type": "challenge_passed", "user_id": "ann",
+               "device_id": "device-ann-0001", "scene": scene,
+               "occurred_at": vigia::clock::rfc3339(SystemClock.now_ms())})
+    };
+    let report = |event: Value| {
+        app.client
+            .post(format!("{}/v1/events", app.base))
+            .bearer_auth("admin-t")
+            .json(&event)
+            .send()
+    };
+    // The documented shape is taken, and lifts the challenge.
+    assert_eq!(report(event("c")).await.unwrap().status(), 202);
+    let resp = app
+        .client
+        .post(format!("{}/v1/check", app.base))
+        .bearer_auth("check-t")
+        .json(&json!({"scene": "c", "user_id": "ann", "device_id": "device-ann-0001", "ip": "192.0.2.1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // A scene the document leaves out (it never challenges) is refused, naming the field.
+    let refused = report(event("s")).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let e: Value = refused.json().await.unwrap();
+    assert_eq!(e["error"]["field"], "scene", "{e}");
 }
 
 #[actix_web::test]

@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use vigia::clock::{Clock, SystemClock};
+
 use crate::common::{limit, scene, spawn_app_configured, RedisServer, TestApp};
 
 /// Scene `s` with one business limit on the ip: two checks a minute per address.
@@ -77,11 +79,12 @@ async fn totals_show_each_block_by_limit_and_dimension_and_samples_hold_the_delt
     let s = &after["totals"]["scenes"]["s"];
     assert_eq!(
         s["decisions"],
-        json!({"allow": 2, "friendly_deny": 3, "silent_deny": 0})
+        json!({"allow": 2, "challenge": 0, "friendly_deny": 3, "silent_deny": 0})
     );
     assert_eq!(s["limits"]["per_ip"], 3, "{s}");
     assert_eq!(s["dimensions"]["ip"], 3, "{s}");
     assert_eq!(s["degraded"], 0, "{s}");
+    assert_eq!(s["challenge_passes"], 0, "{s}");
 
     app.state.ops.sample();
     app.check(behind_nat("user-5")).await;
@@ -97,6 +100,97 @@ async fn totals_show_each_block_by_limit_and_dimension_and_samples_hold_the_delt
     assert_eq!(second["dimensions"]["ip"], 1, "{second}");
     assert_eq!(second["decisions"]["allow"], 0, "{second}");
     assert!(samples[1]["at_ms"].as_u64() >= samples[0]["at_ms"].as_u64());
+}
+
+/// A `challenge_passed` event for `user`, reported now.
+fn pass(event_id: &str, user: &str, device: Option<&str>, scene: Option<&str>) -> Value {
+    let mut event = json!({"event_id": event_id, "type": "challenge_passed", "user_id": user,
+        "occurred_at": vigia::clock::rfc3339(SystemClock.now_ms())});
+    if let Some(device) = device {
+        event["device_id"] = json!(device);
+    }
+    if let Some(scene) = scene {
+        event["scene"] = json!(scene);
+    }
+    event
+}
+
+#[actix_web::test]
+async fn challenges_issued_and_passes_reported_count_per_scene_for_its_pass_rate() {
+    // Scene `c` challenges every fresh check (tests/fixtures/ops/challenge.toml).
+    let app = spawn_app_configured(
+        RedisServer::start(),
+        &[
+            ("s.toml", &rules()),
+            ("c.toml", include_str!("../fixtures/ops/challenge.toml")),
+        ],
+        |c| c.ops.sample_every_ms = 60_000,
+    )
+    .await;
+    let before = ops(&app).await;
+    assert_eq!(
+        before["rules"]["challenges"],
+        json!({"c": {"kind": "captcha", "pass_ttl_ms": 1_800_000}}),
+        "only the scene with a [challenge] is listed"
+    );
+    let c = &before["totals"]["scenes"]["c"];
+    assert_eq!(c["decisions"]["challenge"], 0, "{c}");
+    assert_eq!(c["challenge_passes"], 0, "{c}");
+
+    // Ann's claim is challenged; she passes, and the same claim is allowed.
+    let claim = json!({"scene": "c", "user_id": "ann", "device_id": "device-ann-0001", "ip": "198.51.100.4"});
+    let (status, body) = app.check(claim.clone()).await;
+    assert_eq!(
+        (status, &body["decision"]),
+        (403, &json!("challenge")),
+        "{body}"
+    );
+    let reported = app
+        .post(
+            "/v1/events",
+            &pass("pass-1", "ann", Some("device-ann-0001"), Some("c")),
+        )
+        .await;
+    assert_eq!(reported.status(), 202);
+    let (status, body) = app.check(claim).await;
+    assert_eq!(
+        (status, &body["decision"]),
+        (200, &json!("allow")),
+        "{body}"
+    );
+    // Bob is challenged and never passes; a pass naming no scene is reported for Cy.
+    let (status, _) = app
+        .check(json!({"scene": "c", "user_id": "bob", "device_id": "device-bob-0001", "ip": "198.51.100.5"}))
+        .await;
+    assert_eq!(status, 403);
+    let unscoped = app
+        .post("/v1/events", &pass("pass-2", "cy", None, None))
+        .await;
+    assert_eq!(unscoped.status(), 202);
+
+    app.state.ops.sample();
+    let after = ops(&app).await;
+    let totals = &after["totals"];
+    let c = &totals["scenes"]["c"];
+    assert_eq!(
+        c["decisions"],
+        json!({"allow": 1, "challenge": 2, "friendly_deny": 0, "silent_deny": 0}),
+        "a challenge is counted as one, not as a deny"
+    );
+    assert_eq!(c["challenge_passes"], 1, "{c}");
+    assert_eq!(totals["scenes"]["s"]["challenge_passes"], 0, "{totals}");
+    // The pass that named no scene is counted apart: in no scene's rate, and no "all" scene.
+    assert_eq!(totals["challenge_passes_unscoped"], 1, "{totals}");
+    let scenes: Vec<&String> = totals["scenes"].as_object().unwrap().keys().collect();
+    assert_eq!(scenes, ["c", "s"]);
+    // And the sample holds the same, for the page's last-15-minutes rate.
+    let sample = &after["history"]["samples"][0]["counts"];
+    assert_eq!(
+        sample["scenes"]["c"]["decisions"]["challenge"], 2,
+        "{sample}"
+    );
+    assert_eq!(sample["scenes"]["c"]["challenge_passes"], 1, "{sample}");
+    assert_eq!(sample["challenge_passes_unscoped"], 1, "{sample}");
 }
 
 #[actix_web::test]

@@ -1,11 +1,13 @@
 //! `GET /ops` in a real browser: headless Chromium (Debian's `chromium`) opens the page
 //! over the DevTools protocol; the page must load without a console error or an uncaught
-//! exception, show a scene's numbers move after checks, and show a failed reload's file
-//! and message. A screenshot is left in the target's tmp folder (`ops-page.png`).
+//! exception, show a scene's numbers move after checks, show a challenge issued and its
+//! reported pass with the scene's pass rate, and show a failed reload's file and message. A screenshot is left in the target's tmp folder (`ops-page.png`).
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
+
+use vigia::clock::{Clock, SystemClock};
 
 use crate::common::chromium::Chromium;
 use crate::common::{limit, scene, spawn_app_configured, RedisServer};
@@ -29,8 +31,22 @@ async fn on<T: Send + 'static>(
 
 /// A JavaScript expression: the text of `selector` in scene `s`'s card, or null.
 fn in_scene(selector: &str) -> String {
+    in_card("s", selector)
+}
+
+/// A JavaScript expression: the text of `selector` in scene `scene`'s card, or null.
+fn in_card(scene: &str, selector: &str) -> String {
     format!(
-        r#"(() => {{ const e = document.querySelector('[data-scene="s"] {selector}'); return e ? e.textContent : null; }})()"#
+        r#"(() => {{ const e = document.querySelector('[data-scene="{scene}"] {selector}'); return e ? e.textContent : null; }})()"#
+    )
+}
+
+/// A JavaScript expression: the text of scene `c`'s challenge figure `field` (issued,
+/// passed, rate) in the row of `window` (now, 15m, total).
+fn challenge_figure(window: &str, field: &str) -> String {
+    in_card(
+        "c",
+        &format!(r#"[data-challenge] tr[data-window="{window}"] [data-field="{field}"]"#),
     )
 }
 
@@ -44,10 +60,18 @@ async fn the_ops_page_shows_checks_blocks_and_a_failed_reload_live() {
         2,
         "business",
     ));
-    // Loopback and no admin token: the page needs no credentials.
-    let app = spawn_app_configured(RedisServer::start(), &[("s.toml", &rules)], |c| {
-        c.ops.sample_every_ms = 100;
-    })
+    // Loopback and no admin token: the page needs no credentials. Scene `c` challenges
+    // every fresh check (tests/fixtures/ops/challenge.toml).
+    let app = spawn_app_configured(
+        RedisServer::start(),
+        &[
+            ("s.toml", &rules),
+            ("c.toml", include_str!("../fixtures/ops/challenge.toml")),
+        ],
+        |c| {
+            c.ops.sample_every_ms = 100;
+        },
+    )
     .await;
     let url = format!("{}/ops", app.base);
 
@@ -91,6 +115,114 @@ async fn the_ops_page_shows_checks_blocks_and_a_failed_reload_live() {
     })
     .await;
     assert_eq!(shown, [json!("2"), json!("3"), json!("3"), json!("3")]);
+
+    // Scene `c` can challenge: its pass rate is shown from the start, with nothing yet.
+    let (browser, empty) = on(browser, |b| {
+        b.wait_for(
+            &challenge_figure("total", "issued"),
+            WITHIN,
+            "scene c's challenge figures",
+        );
+        [
+            b.eval(&challenge_figure("total", "issued")),
+            b.eval(&challenge_figure("total", "passed")),
+            b.eval(&challenge_figure("total", "rate")),
+        ]
+    })
+    .await;
+    assert_eq!(empty, [json!("0"), json!("0"), json!("—")]);
+
+    // Ann's claim is challenged: one issued, none passed yet.
+    let claim = json!({"scene": "c", "user_id": "ann", "device_id": "device-ann-0001", "ip": "198.51.100.4"});
+    let (status, body) = app.check(claim.clone()).await;
+    assert_eq!(
+        (status, &body["decision"]),
+        (403, &json!("challenge")),
+        "{body}"
+    );
+    let (browser, issued) = on(browser, |b| {
+        b.wait_for(
+            &format!("{} === '1'", challenge_figure("total", "issued")),
+            WITHIN,
+            "the challenge issued",
+        );
+        [
+            b.eval(&challenge_figure("total", "passed")),
+            b.eval(&challenge_figure("total", "rate")),
+            b.eval(&in_card(
+                "c",
+                r#"tr[data-kind="challenge"] [data-field="total"]"#,
+            )),
+            b.eval(&in_card("c", r#"[data-field="deny_share"]"#)),
+            b.eval(&in_card("c", r#"[data-field="challenge_share"]"#)),
+        ]
+    })
+    .await;
+    assert_eq!(
+        issued,
+        [
+            json!("0"),
+            json!("0.0 %"),
+            json!("1"),
+            json!("0.0 %"),
+            json!("100.0 %")
+        ],
+        "a challenge is its own decision, not a block"
+    );
+
+    // The backend reports her pass, and her claim sent again is allowed.
+    let reported = app
+        .post(
+            "/v1/events",
+            &json!({"event_id": "pass-ann-1", "type": "challenge_passed", "user_id": "ann",
+                    "device_id": "device-ann-0001", "scene": "c",
+                    "occurred_at": vigia::clock::rfc3339(SystemClock.now_ms())}),
+        )
+        .await;
+    assert_eq!(reported.status(), 202);
+    let (status, body) = app.check(claim).await;
+    assert_eq!(
+        (status, &body["decision"]),
+        (200, &json!("allow")),
+        "{body}"
+    );
+    let (browser, (passed, colours)) = on(browser, |b| {
+        // Since start, and over the last 15 minutes once the sampler has taken them.
+        b.wait_for(
+            &format!(
+                "{} === '1' && {} === '1' && {} === '1'",
+                challenge_figure("total", "passed"),
+                challenge_figure("15m", "issued"),
+                challenge_figure("15m", "passed"),
+            ),
+            WITHIN,
+            "the reported pass",
+        );
+        let passed = [
+            b.eval(&challenge_figure("total", "rate")),
+            b.eval(&challenge_figure("15m", "rate")),
+            b.eval(&in_card("c", r#"[data-field="challenge_share"]"#)),
+        ];
+        // Each decision has a legend entry of its own colour.
+        let colours = b.eval(
+            r#"Object.fromEntries([...document.querySelectorAll('[data-scene="c"] [data-legend]')].map((e) => [e.dataset.legend, getComputedStyle(e.querySelector('i')).backgroundColor]))"#,
+        );
+        (passed, colours)
+    })
+    .await;
+    assert_eq!(
+        passed,
+        [json!("100.0 %"), json!("100.0 %"), json!("50.0 %")]
+    );
+    let colours = colours.as_object().expect("legend colours");
+    let challenge = colours
+        .get("challenge")
+        .expect("a legend entry for challenge");
+    for (kind, colour) in colours {
+        if kind != "challenge" {
+            assert_ne!(colour, challenge, "challenge is drawn as {kind} is");
+        }
+    }
 
     // A broken rule file: the reload fails, the page names the file and the message.
     std::fs::write(
