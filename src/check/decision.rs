@@ -552,18 +552,24 @@ layer = "security"
         crate::rules::compile_files(&[("r.toml".into(), RULES.into())]).unwrap()
     }
 
+    /// A check `r1` of scene `s` under `rules`, planned.
+    fn planned(rules: &RuleSet) -> (request::CheckRequest, CheckPlan, Vec<usize>) {
+        let body = json!({"scene": "s", "request_id": "r1", "user_id": "u", "ip": "192.0.2.1"});
+        let req = request::parse_check(rules, &body, 0).unwrap();
+        let (plan, index) = plan::plan(
+            &crate::keys::KeyPrefix::plain("lt"),
+            rules,
+            &req,
+            crate::config::DEFAULT_RECORD_HORIZON_MS,
+        );
+        (req, plan, index)
+    }
+
     /// The decider's answer to a check of `s`: every limit applied, `exceeded` naming
     /// which are over (with their waits).
     fn fill_with(exceeded: &[(&str, u64)]) -> (CheckResponse, Decision) {
         let rules = rules();
-        let body = json!({"scene": "s", "request_id": "r1", "user_id": "u", "ip": "192.0.2.1"});
-        let req = request::parse_check(&rules, &body, 0).unwrap();
-        let (plan, index) = plan::plan(
-            &crate::keys::KeyPrefix::plain("lt"),
-            &rules,
-            &req,
-            crate::config::DEFAULT_RECORD_HORIZON_MS,
-        );
+        let (req, plan, index) = planned(&rules);
         let limits = index
             .iter()
             .map(|&i| {
@@ -787,14 +793,7 @@ layer = "security"
             ),
         )])
         .unwrap();
-        let body = json!({"scene": "s", "request_id": "r1", "user_id": "u", "ip": "192.0.2.1"});
-        let req = request::parse_check(&rules, &body, 0).unwrap();
-        let (plan, index) = plan::plan(
-            &crate::keys::KeyPrefix::plain("lt"),
-            &rules,
-            &req,
-            crate::config::DEFAULT_RECORD_HORIZON_MS,
-        );
+        let (req, plan, index) = planned(&rules);
         let judged = |outcome| {
             Decided::Judged(Judgement {
                 facts: Facts::default(),
