@@ -26,6 +26,11 @@ layer = "business"
 "#;
 
 async fn app() -> TestApp {
+    app_with(("phone.toml", ATTRS)).await
+}
+
+/// Both tokens set, over scene `s` (one user limit) and the rule file `other`.
+async fn app_with(other: (&str, &str)) -> TestApp {
     let rules = scene(&limit(
         "user_10s",
         "\"user\"",
@@ -34,14 +39,10 @@ async fn app() -> TestApp {
         1,
         "business",
     ));
-    spawn_app_configured(
-        RedisServer::start(),
-        &[("s.toml", &rules), ("phone.toml", ATTRS)],
-        |c| {
-            c.auth.check_token = "check-t".into();
-            c.auth.admin_token = "admin-t".into();
-        },
-    )
+    spawn_app_configured(RedisServer::start(), &[("s.toml", &rules), other], |c| {
+        c.auth.check_token = "check-t".into();
+        c.auth.admin_token = "admin-t".into();
+    })
     .await
 }
 
@@ -331,26 +332,7 @@ async fn a_refund_body_requires_every_dimension_its_scene_requires() {
 /// `app()`'s tokens over scene `s` and scene `c`, whose every fresh check is challenged
 /// (tests/fixtures/ops/challenge.toml).
 async fn challenge_app() -> TestApp {
-    let rules = scene(&limit(
-        "user_10s",
-        "\"user\"",
-        "sliding_window",
-        "10s",
-        1,
-        "business",
-    ));
-    spawn_app_configured(
-        RedisServer::start(),
-        &[
-            ("s.toml", &rules),
-            ("c.toml", include_str!("../fixtures/ops/challenge.toml")),
-        ],
-        |c| {
-            c.auth.check_token = "check-t".into();
-            c.auth.admin_token = "admin-t".into();
-        },
-    )
-    .await
+    app_with(("c.toml", include_str!("../fixtures/ops/challenge.toml"))).await
 }
 
 /// The names in a schema's `required`, sorted.
