@@ -70,23 +70,25 @@ pub fn plan(
     (plan, index)
 }
 
+/// A rule set without `[trust]`: no points, no ages.
+const NO_TRUST: Trust = Trust {
+    payment_succeeded: None,
+    identity_verified: None,
+    challenge_passed: None,
+    max_points: 0,
+    bonus_per_point: 0,
+    score_discount_per_point: 0.0,
+    new_account: None,
+    new_device: None,
+};
+
 /// The trust block: with `[trust]`, or for a scene that can challenge (its passes are
 /// kept with the points; without `[trust]` there are no points, ages or filters to read).
 fn trust(prefix: &KeyPrefix, rules: &RuleSet, req: &CheckRequest) -> Option<TrustPlan> {
     let scene = &req.scene;
-    let no_trust = Trust {
-        payment_succeeded: None,
-        identity_verified: None,
-        challenge_passed: None,
-        max_points: 0,
-        bonus_per_point: 0,
-        score_discount_per_point: 0.0,
-        new_account: None,
-        new_device: None,
-    };
     let t = match (&rules.trust, &scene.challenge) {
         (Some(t), _) => t,
-        (None, Some(_)) => &no_trust,
+        (None, Some(_)) => &NO_TRUST,
         (None, None) => return None,
     };
     let user = req.values.user.as_deref();
