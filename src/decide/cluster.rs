@@ -248,11 +248,7 @@ fn combine(
             _ => v,
         })
         .collect();
-    let outcome = match (allowed, challenged) {
-        (true, false) => Outcome::Allowed { limits },
-        (true, true) => Outcome::Challenged { limits },
-        (false, _) => Outcome::Denied { limits },
-    };
+    let outcome = Outcome::of_limits(allowed, challenged, limits);
     Ok(Judgement {
         facts,
         signals,

@@ -69,13 +69,7 @@ impl EmbeddedDecider {
         };
         let mut facts = Facts::default();
         if let Some(user) = trust.points_key.as_deref().and_then(user_of) {
-            let scopes: Vec<&str> = trust
-                .passes
-                .iter()
-                .flat_map(|p| {
-                    std::iter::once(p.any_device.as_str()).chain(p.this_device.as_deref())
-                })
-                .collect();
+            let scopes: Vec<&str> = trust.passes.iter().flat_map(|p| p.iter()).collect();
             let (points, passed) = ledger.points_and_pass(&user, &scopes, now)?;
             facts.points = points.min(trust.max_points);
             facts.passed = trust.passes.as_ref().map(|_| passed);
@@ -220,11 +214,7 @@ impl Decider for EmbeddedDecider {
                 };
             }
         }
-        let outcome = match (allowed, challenged) {
-            (true, false) => Outcome::Allowed { limits: values },
-            (true, true) => Outcome::Challenged { limits: values },
-            (false, _) => Outcome::Denied { limits: values },
-        };
+        let outcome = Outcome::of_limits(allowed, challenged, values);
         Ok(Decided::Judged(Judgement {
             facts,
             signals,

@@ -115,6 +115,13 @@ pub struct PassScopes {
     pub this_device: Option<String>,
 }
 
+impl PassScopes {
+    /// Both scopes, the device's when there is one.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.any_device.as_str()).chain(self.this_device.as_deref())
+    }
+}
+
 /// The scene's `[score]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScorePlan {
@@ -237,6 +244,18 @@ pub enum Outcome {
     /// lifts it: nothing recorded in any limit, no request or idempotency record (the
     /// claim sent again is decided anew). `limits` is parallel to the plan's.
     Challenged { limits: Vec<LimitValue> },
+}
+
+impl Outcome {
+    /// The outcome of evaluated limits: `allowed` when every applying one had room, and
+    /// then `challenged` when the score's band asks for a challenge.
+    pub fn of_limits(allowed: bool, challenged: bool, limits: Vec<LimitValue>) -> Outcome {
+        match (allowed, challenged) {
+            (true, false) => Outcome::Allowed { limits },
+            (true, true) => Outcome::Challenged { limits },
+            (false, _) => Outcome::Denied { limits },
+        }
+    }
 }
 
 /// The decision's one step (see the module doc).
