@@ -538,7 +538,7 @@ fn main() {
             .await
             .expect("connect");
         let link = store.link();
-        let decider = RedisDecider::new(Arc::clone(&link), None)
+        let decider = RedisDecider::new(Arc::clone(&link), None, vigia::metrics::Metrics::new())
             .await
             .expect("load decide.lua");
         let mut conn = link.conn().await.expect("connected");

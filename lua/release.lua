@@ -1,31 +1,34 @@
 --[[
-release.lua: on Redis Cluster, settles one slot group's reservation once the node has
-decided the check.
-- "release" (the node denied it: another group's limit was full, a score deny, a group
-  failed): gives back what the group reserved and forgets the reservation, so the same
-  request id sent again is a new check.
-- "commit" (the node allowed it; sent to the main group, the one holding the request's
-  idempotency record): the record stops being a reservation (its ".<stamp>" is dropped),
-  so a copy sent later is a repeat of an allowed request. Until then a copy finds a
-  reservation and is told to come back ("held" in check.lua and decide.lua), never allowed.
-Idempotent: a second call, or one for a group that never reserved, finds no record ending in
-its stamp and does nothing.
+release.lua: settles one attempt at a check once the node knows what became of it.
+- "release": gives back what the attempt recorded and forgets its record, so the same
+  request id sent again is a new check. On Redis Cluster, a slot group's reservation of a
+  check the node denied (another group's limit was full, a score deny, a group failed);
+  on one Redis, a call that failed or timed out, whose script may have run after the node
+  answered the check without it (the node waits for Redis's late reply first).
+- "commit" (Redis Cluster: the node allowed the check; sent to the main group, the one
+  holding the request's idempotency record): the record stops being a reservation (its
+  ".<stamp>" is dropped), so a copy sent later is a repeat of an allowed request. Until
+  then a copy finds a reservation and is told to come back ("held" in check.lua and
+  decide.lua), never allowed.
+Idempotent: a second call, or one for an attempt that recorded nothing, finds no record
+ending in its stamp and does nothing.
 
-KEYS[1]    the group's records key (<prefix>:<scene>:rq:{<tag>}): the reservation is a
-           field of its hash of generation g or g - 1 (limits.lua)
-KEYS[2..]  the group's candidate keys (the limits sent to it); none for a commit
+KEYS[1]    the records key (<prefix>:<scene>:rq:...): the attempt's record is a field of
+           its hash of generation g or g - 1 (limits.lua)
+KEYS[2..]  the candidate keys (the limits the attempt was sent); none for a commit
 
 ARGV[1]    request id
 ARGV[2]    record TTL (the generation's length), ms
 ARGV[3]    now in ms, or "" to read Redis TIME
-ARGV[4]    the idempotency field ("i:<key>") the group wrote, or ""
-ARGV[5]    the reservation's stamp (digits): only a record ending in ".<stamp>" is this
-           reservation; another attempt with the same request id (a retry after a 503,
-           admitted meanwhile) has its own stamp and is not touched
+ARGV[4]    the idempotency field ("i:<key>") the attempt wrote, or ""
+ARGV[5]    the attempt's stamp as it ends the record (store::redis::Stamp): ".<digits>" a
+           cluster reservation, "~<digits>" an attempt on one Redis; only a record ending
+           in it is this attempt's: another attempt with the same request id (a retry
+           after a 503, admitted meanwhile) has its own stamp and is not touched
 ARGV[6]    "release" or "commit"
 ARGV[6+i]  the tag of candidate KEYS[1+i] (store::redis::record_tag)
 
-Reply: 1 when a reservation was released or committed, 0 when there was none.
+Reply: 1 when a record was released or committed, 0 when there was none.
 ]]
 
 -- clock_now(), records_hash(): limits.lua; ENTRY, undo(): undo.lua.
@@ -37,20 +40,24 @@ if gen <= 0 or now == nil then
   return redis.error_reply('release.lua: record TTL (ARGV[2]) or now (ARGV[3]) is not a number')
 end
 local g = math.floor(now / gen)
-if not string.match(ARGV[5], '^%d+$') then
-  return redis.error_reply('release.lua: stamp (ARGV[5]) is not digits')
+local mark = ARGV[5]
+if not string.match(mark, '^[.~]%d+$') then
+  return redis.error_reply('release.lua: stamp (ARGV[5]) is not "." or "~" then digits')
 end
 local commit = ARGV[6] == 'commit'
 if not commit and ARGV[6] ~= 'release' then
   return redis.error_reply('release.lua: ARGV[6] is neither "release" nor "commit"')
 end
+if commit and string.sub(mark, 1, 1) ~= '.' then
+  return redis.error_reply('release.lua: only a reservation (".<digits>") is committed')
+end
 for _, gg in ipairs({ g, g - 1 }) do
   local hash = records_hash(KEYS[1], gg)
   local value = redis.call('HGET', hash, request_id)
-  if value and string.sub(value, -(#ARGV[5] + 1)) == '.' .. ARGV[5] then
+  if value and string.sub(value, -#mark) == mark then
     if commit then
       -- Rewriting a field keeps the hash's expiry.
-      redis.call('HSET', hash, request_id, string.sub(value, 1, -(#ARGV[5] + 2)))
+      redis.call('HSET', hash, request_id, string.sub(value, 1, -(#mark + 1)))
       return 1
     end
     local ms = string.match(value, '^%d+')

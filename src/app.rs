@@ -216,7 +216,7 @@ async fn open_stores(
                 )
             } else {
                 Arc::new(
-                    RedisDecider::new(link.clone(), redis_clock(clock))
+                    RedisDecider::new(link.clone(), redis_clock(clock), metrics.clone())
                         .await
                         .map_err(redis_err)?,
                 )

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use prometheus::local::{LocalHistogramVec, LocalIntCounterVec};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// The service's metrics.
@@ -24,7 +25,8 @@ pub struct Metrics {
     /// `check_latency`, `blocks`, `signals_fired` and `over_limit_answers` (see [`Shards`]).
     shards: Arc<Shards>,
     store_errors: IntCounterVec,
-    cluster_releases: IntCounterVec,
+    store_releases: IntCounterVec,
+    store_releases_pending: IntGauge,
     degraded: IntCounterVec,
     over_limit_answers: IntCounterVec,
     rule_reloads: IntCounterVec,
@@ -146,9 +148,9 @@ impl Metrics {
             "Store calls that failed, by store and kind.",
             &["store", "kind"],
         );
-        let cluster_releases = counter(
-            "vigia_cluster_releases_total",
-            "Redis Cluster: reservations settled after the answer, by result (released: a denied or failed check's given back; committed: an allowed check's made final; none: nothing was held; dropped: queue full or every try failed — a release's unit held until its window passes, a commit's copies told in_flight until the record expires).",
+        let store_releases = counter(
+            "vigia_store_releases_total",
+            "Records on Redis settled after the answer, by result (released: what a failed call on one Redis, or a cluster check's denied or failed slot group, recorded is given back; committed: an allowed cluster check's reservation made final; none: nothing was recorded; dropped: queue full or every try failed — a release's unit held until its window passes, a commit's copies told in_flight until the record expires).",
             &["result"],
         );
         let degraded = counter(
@@ -235,6 +237,14 @@ impl Metrics {
         registry
             .register(Box::new(breaker_open.clone()))
             .expect("unique metric");
+        let store_releases_pending = IntGauge::new(
+            "vigia_store_releases_pending",
+            "Releases and commits queued or running (a failed call's waits for Redis's late reply first).",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(store_releases_pending.clone()))
+            .expect("unique metric");
         Metrics {
             registry,
             breaker_open,
@@ -251,7 +261,8 @@ impl Metrics {
             check_latency,
             shards: Arc::default(),
             store_errors,
-            cluster_releases,
+            store_releases,
+            store_releases_pending,
             degraded,
             over_limit_answers,
             rule_reloads,
@@ -324,9 +335,14 @@ impl Metrics {
         self.store_errors.with_label_values(&[store, kind]).inc();
     }
 
-    /// A cluster release's result: `released`, `none`, `dropped`.
-    pub fn cluster_release(&self, result: &str) {
-        self.cluster_releases.with_label_values(&[result]).inc();
+    /// A release's result: `released`, `committed`, `none`, `dropped`.
+    pub fn store_release(&self, result: &str) {
+        self.store_releases.with_label_values(&[result]).inc();
+    }
+
+    /// Releases queued or running.
+    pub fn store_releases_pending(&self, delta: i64) {
+        self.store_releases_pending.add(delta);
     }
 
     pub fn degraded(&self, scene: &str, policy: &str) {

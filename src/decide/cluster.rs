@@ -48,9 +48,9 @@ use crate::keys::{slot_groups, SlotGroup};
 use crate::metrics::Metrics;
 use crate::store::limits_script::LimitScripts;
 use crate::store::redis::{
-    idempotency_field, parse_check_reply, CheckCall, RELEASE_LUA, STARTUP_MIN_MS,
+    idempotency_field, parse_check_reply, CheckCall, Stamp, RELEASE_LUA, STARTUP_MIN_MS,
 };
-use crate::store::redis_link::RedisLink;
+use crate::store::redis_link::{CallFailed, LateReply, RedisLink, Sent};
 use crate::store::release::{Release, Releaser, Settle};
 use crate::store::{CheckOutcome, LimitState, StoreError};
 
@@ -58,7 +58,7 @@ use crate::store::{CheckOutcome, LimitState, StoreError};
 pub struct ClusterDecider {
     link: Arc<RedisLink>,
     /// decide.lua, for a check with trust, signals or a score: one call per slot group.
-    script: Script,
+    script: Arc<Script>,
     /// For a check with limits only (the cheaper scripts a single Redis runs for one).
     shaped: LimitScripts,
     releaser: Releaser,
@@ -91,9 +91,9 @@ impl ClusterDecider {
     ) -> Result<ClusterDecider, StoreError> {
         let startup_ms = link.timeout_ms().max(STARTUP_MIN_MS);
         let shaped = LimitScripts::default();
-        let script = Script::new(DECIDE_LUA);
+        let script = Arc::new(Script::new(DECIDE_LUA));
         let release = Script::new(RELEASE_LUA);
-        link.load_scripts(&[shaped.check_lua(), &script, &release], startup_ms)
+        link.load_scripts(&[shaped.check_lua(), &*script, &release], startup_ms)
             .await?;
         let releaser = Releaser::start(link.clone(), release, metrics);
         Ok(ClusterDecider {
@@ -112,7 +112,9 @@ impl ClusterDecider {
     }
 
     /// Queues the release of the reservation of the group at `place` (its `limits`; the
-    /// idempotency record too when `idempotent` and the check has one).
+    /// idempotency record too when `idempotent` and the check has one), once `late` (the
+    /// group's call, if it timed out) has been answered.
+    #[allow(clippy::too_many_arguments)]
     fn release(
         &self,
         plan: &CheckPlan,
@@ -120,25 +122,29 @@ impl ClusterDecider {
         limits: &[usize],
         idempotent: bool,
         now: Option<u64>,
-        stamp: u64,
+        stamp: Stamp,
+        late: Option<LateReply>,
     ) {
-        self.releaser.release(Release {
-            records_key: place.records_key.clone(),
-            keys: limits
-                .iter()
-                .map(|&j| (plan.limits[j].key.clone(), plan.limits[j].algorithm))
-                .collect(),
-            request_id: plan.request_id.clone(),
-            record_ttl_ms: plan.record_ttl_ms,
-            idempotency_field: plan
-                .idempotency_key
-                .as_deref()
-                .filter(|_| idempotent)
-                .map(idempotency_field),
-            now,
-            stamp,
-            settle: Settle::Release,
-        });
+        self.releaser.release_after(
+            late,
+            Release {
+                records_key: place.records_key.clone(),
+                keys: limits
+                    .iter()
+                    .map(|&j| (plan.limits[j].key.clone(), plan.limits[j].algorithm))
+                    .collect(),
+                request_id: plan.request_id.clone(),
+                record_ttl_ms: plan.record_ttl_ms,
+                idempotency_field: plan
+                    .idempotency_key
+                    .as_deref()
+                    .filter(|_| idempotent)
+                    .map(idempotency_field),
+                now,
+                stamp,
+                settle: Settle::Release,
+            },
+        );
     }
 
     /// Queues the commit of an allowed check's record in the main group among `places`: a
@@ -148,7 +154,7 @@ impl ClusterDecider {
         plan: &CheckPlan,
         mut places: impl Iterator<Item = &'p SlotGroup>,
         now: Option<u64>,
-        stamp: u64,
+        stamp: Stamp,
     ) {
         let Some(place) = places.find(|p| p.main).filter(|_| !plan.dry_run) else {
             return;
@@ -284,7 +290,7 @@ impl Decider for ClusterDecider {
         let now = script_now(&self.clock);
         // This attempt's reservations, told apart from another attempt's with the same
         // request id (a retry after an error answer): a release takes only its own.
-        let stamp: u64 = rand::random();
+        let stamp = Stamp::reservation();
         let calls = groups.iter().map(|g| {
             let call = CheckCall {
                 records_key: &g.place.records_key,
@@ -309,11 +315,11 @@ impl Decider for ClusterDecider {
             let (script, cmd) = self.shaped.command(&call, limits);
             let n = g.limits.len();
             async move {
-                let reply = self.link.eval(&script, &cmd).await?;
-                parse_check_reply(reply, n)
+                let reply = self.link.eval_call(&script, cmd).await?;
+                parse_check_reply(reply, n).map_err(CallFailed::ended)
             }
         });
-        let outcomes = join_all(calls).await;
+        let (outcomes, mut fates) = split(join_all(calls).await);
 
         // What each group holds of the request, to give back on anything but an allow: a
         // group that failed or timed out may have run (release finds nothing if not).
@@ -326,10 +332,10 @@ impl Decider for ClusterDecider {
                         | CheckOutcome::Held { .. })
                 )
         };
-        let release_all = || {
+        let mut release_all = || {
             for (i, g) in groups.iter().enumerate() {
-                if holds(i) {
-                    self.release(plan, &g.place, &g.limits, g.place.main, now, stamp);
+                if let Some(late) = may_hold(holds(i), &mut fates[i]) {
+                    self.release(plan, &g.place, &g.limits, g.place.main, now, stamp, late);
                 }
             }
         };
@@ -403,7 +409,7 @@ impl ClusterDecider {
             StoreError::Protocol(format!("{why}: keys on a cluster must be placed by entity"))
         })?;
         let now = script_now(&self.clock);
-        let stamp: u64 = rand::random();
+        let stamp = Stamp::reservation();
         let mut known = Known::default();
 
         if !layout.prelude.is_empty() {
@@ -433,7 +439,8 @@ impl ClusterDecider {
                 self.run(&dry, part, now)
             });
             for (&i, read) in layout.prelude.iter().zip(join_all(reads).await) {
-                match read? {
+                // A dry run writes nothing: a failed read leaves nothing to release.
+                match read.map_err(|f| f.error)? {
                     Decided::Judged(j) => layout.learn(i, &j.facts, &mut known),
                     Decided::Duplicate { of } | Decided::Held { of } => {
                         return Err(StoreError::Protocol(format!(
@@ -444,8 +451,10 @@ impl ClusterDecider {
             }
         }
 
-        // Each group's answer, once its round has run (`None`: it did not run).
+        // Each group's answer, once its round has run (`None`: it did not run), and what
+        // became of its call when it failed.
         let mut answers: Vec<Option<Result<Decided, StoreError>>> = vec![None; layout.groups.len()];
+        let mut fates: Vec<Option<Sent>> = layout.groups.iter().map(|_| None).collect();
         for round in &layout.rounds {
             let calls = round.iter().map(|&i| {
                 let g = &layout.groups[i];
@@ -466,9 +475,10 @@ impl ClusterDecider {
                 };
                 self.run(plan, part, now)
             });
-            let done = join_all(calls).await;
+            let (done, failed) = split(join_all(calls).await);
             let mut stop = false;
-            for (&i, answer) in round.iter().zip(done) {
+            for ((&i, answer), failed) in round.iter().zip(done).zip(failed) {
+                fates[i] = failed;
                 match &answer {
                     Ok(Decided::Judged(j)) => layout.learn(i, &j.facts, &mut known),
                     // A repeat or an error decides the check: no later group observes it.
@@ -494,10 +504,10 @@ impl ClusterDecider {
                         })))
                 )
         };
-        let release_all = || {
+        let mut release_all = || {
             for (i, g) in layout.groups.iter().enumerate() {
-                if holds(i) {
-                    self.release(plan, &g.place, &g.limits, true, now, stamp);
+                if let Some(late) = may_hold(holds(i), &mut fates[i]) {
+                    self.release(plan, &g.place, &g.limits, true, now, stamp, late);
                 }
             }
         };
@@ -529,10 +539,34 @@ impl ClusterDecider {
         plan: &CheckPlan,
         part: Part<'_>,
         now: Option<u64>,
-    ) -> Result<Decided, StoreError> {
+    ) -> Result<Decided, CallFailed> {
         let cmd = invocation(self.script.get_hash(), plan, &part, now);
-        let reply = self.link.eval(&self.script, &cmd).await?;
-        parse_reply(reply, plan, &part)
+        let reply = self.link.eval_call(&self.script, cmd).await?;
+        parse_reply(reply, plan, &part).map_err(CallFailed::ended)
+    }
+}
+
+/// The groups' answers, and what became of each call that failed (`None`: it answered).
+fn split<T>(
+    results: Vec<Result<T, CallFailed>>,
+) -> (Vec<Result<T, StoreError>>, Vec<Option<Sent>>) {
+    results
+        .into_iter()
+        .map(|r| match r {
+            Ok(v) => (Ok(v), None),
+            Err(CallFailed { error, sent }) => (Err(error), Some(sent)),
+        })
+        .unzip()
+}
+
+/// Whether a group's attempt is to be released (`Some`, with the late reply to wait for):
+/// it `holds` something of the request, or may, unless its call was never sent.
+fn may_hold(holds: bool, sent: &mut Option<Sent>) -> Option<Option<LateReply>> {
+    match sent.take() {
+        _ if !holds => None,
+        Some(Sent::No) => None,
+        Some(Sent::Pending(late)) => Some(Some(late)),
+        Some(Sent::Ended) | None => Some(None),
     }
 }
 

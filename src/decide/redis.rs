@@ -10,6 +10,11 @@
 //! breaker, one deadline per call), loads its script at start-up so a Redis that cannot
 //! take it fails then, and takes "now" from Redis `TIME` unless a test or a simulation
 //! injects a clock.
+//!
+//! A check whose call fails or times out is answered by the scene's `on_store_error`, but
+//! its script may still run when Redis answers: each attempt's record carries a
+//! [`Stamp`], and such an attempt is released ([`crate::store::release`]) once Redis has
+//! answered its call, so a request refused for want of the store never counts.
 
 use std::sync::Arc;
 
@@ -18,14 +23,17 @@ use async_trait::async_trait;
 
 use super::{CheckPlan, Decided, Decider, Facts, Judgement, LimitValue, Outcome, SignalValue};
 use crate::clock::Clock;
+use crate::metrics::Metrics;
 use crate::rules::Filter;
 use crate::signal::member_of;
 use crate::signal::MAX_CAP;
 use crate::store::limits_script::LimitScripts;
 use crate::store::redis::{
-    algo_code, idempotency_field, parse_check_reply, repeats, tag_arg, CheckCall, STARTUP_MIN_MS,
+    algo_code, idempotency_field, parse_check_reply, repeats, tag_arg, CheckCall, Stamp,
+    RELEASE_LUA, STARTUP_MIN_MS,
 };
-use crate::store::redis_link::RedisLink;
+use crate::store::redis_link::{CallFailed, RedisLink, Sent};
+use crate::store::release::{Release, Releaser, Settle};
 use crate::store::{CheckOutcome, LimitState, StoreError};
 
 /// The decision script: `lua/limits.lua` (the limits' arithmetic and recording, shared with
@@ -51,10 +59,12 @@ const ARGS_PER_SIGNAL: usize = 10;
 pub struct RedisDecider {
     /// Shared with the window store and the trust ledger.
     link: Arc<RedisLink>,
-    script: Script,
+    script: Arc<Script>,
     /// The scripts for a check with limits only (see [`limits_only`]): made for its shape of
     /// limits, or check.lua.
     shaped: LimitScripts,
+    /// Gives back what a failed call's script recorded, once Redis has answered it.
+    releaser: Releaser,
     /// `Some` (and not the wall clock) replaces Redis `TIME` with this clock.
     clock: Option<Arc<dyn Clock>>,
 }
@@ -72,7 +82,7 @@ impl std::fmt::Debug for RedisDecider {
 impl RedisDecider {
     /// Builds the decider on the node's link and loads `decide.lua`, within
     /// `max(link timeout, 1 s)`: a Redis that cannot take the script fails here, not on
-    /// the first check.
+    /// the first check. Starts the release task on the calling runtime.
     ///
     /// `clock`: "now" for the script. `None` or the wall clock read Redis `TIME` (nodes with
     /// skewed clocks agree); any other clock (tests, simulations) is sent with each call.
@@ -80,19 +90,61 @@ impl RedisDecider {
     pub async fn new(
         link: Arc<RedisLink>,
         clock: Option<Arc<dyn Clock>>,
+        metrics: Metrics,
     ) -> Result<RedisDecider, StoreError> {
         let timeout_ms = link.timeout_ms();
         let startup_ms = timeout_ms.max(STARTUP_MIN_MS);
-        let script = Script::new(DECIDE_LUA);
+        let script = Arc::new(Script::new(DECIDE_LUA));
         let shaped = LimitScripts::default();
-        link.load_scripts(&[&script, shaped.check_lua()], startup_ms)
+        let release = Script::new(RELEASE_LUA);
+        link.load_scripts(&[&*script, shaped.check_lua(), &release], startup_ms)
             .await?;
+        let releaser = Releaser::start(link.clone(), release, metrics);
         Ok(RedisDecider {
             link,
             script,
             shaped,
+            releaser,
             clock,
         })
+    }
+
+    /// Waits until every release queued so far has run (tests look at the keys after).
+    pub async fn settled(&self) {
+        self.releaser.settled().await;
+    }
+
+    /// Queues the release of an attempt whose call failed, unless the call was never sent
+    /// (or the check was a dry run, which records nothing): once Redis has answered it.
+    /// Returns the failure's error, for the check's `on_store_error`.
+    fn release_failed(
+        &self,
+        plan: &CheckPlan,
+        sent_limits: &[usize],
+        stamp: Stamp,
+        failed: CallFailed,
+    ) -> StoreError {
+        let late = match failed.sent {
+            Sent::No => return failed.error,
+            _ if plan.dry_run => return failed.error,
+            Sent::Ended => None,
+            Sent::Pending(late) => Some(late),
+        };
+        let release = Release {
+            settle: Settle::Release,
+            records_key: plan.records_key.clone(),
+            keys: sent_limits
+                .iter()
+                .map(|&j| (plan.limits[j].key.clone(), plan.limits[j].algorithm))
+                .collect(),
+            request_id: plan.request_id.clone(),
+            record_ttl_ms: plan.record_ttl_ms,
+            idempotency_field: plan.idempotency_key.as_deref().map(idempotency_field),
+            now: self.now_arg(),
+            stamp,
+        };
+        self.releaser.release_after(late, release);
+        failed.error
     }
 
     fn injected_clock(&self) -> bool {
@@ -108,15 +160,31 @@ impl RedisDecider {
 #[async_trait]
 impl Decider for RedisDecider {
     async fn decide(&self, plan: &CheckPlan) -> Result<Decided, StoreError> {
+        let stamp = Stamp::attempt();
         if limits_only(plan) {
-            let (script, cmd, sent) = limits_invocation(&self.shaped, plan, self.now_arg());
-            let reply = self.link.eval(&script, &cmd).await?;
-            return limits_judged(parse_check_reply(reply, sent.len())?, plan, &sent);
+            let (script, cmd, sent) =
+                limits_invocation(&self.shaped, plan, self.now_arg(), Some(stamp));
+            let decided = match self.link.eval_call(&script, cmd).await {
+                Ok(reply) => parse_check_reply(reply, sent.len())
+                    .and_then(|outcome| limits_judged(outcome, plan, &sent))
+                    .map_err(CallFailed::ended),
+                Err(failed) => Err(failed),
+            };
+            return decided.map_err(|failed| self.release_failed(plan, &sent, stamp, failed));
         }
-        let whole = Part::whole(plan);
+        let whole = Part {
+            stamp: Some(stamp),
+            ..Part::whole(plan)
+        };
         let cmd = invocation(self.script.get_hash(), plan, &whole, self.now_arg());
-        let reply = self.link.eval(&self.script, &cmd).await?;
-        parse_reply(reply, plan, &whole)
+        let decided = match self.link.eval_call(&self.script, cmd).await {
+            Ok(reply) => parse_reply(reply, plan, &whole).map_err(CallFailed::ended),
+            Err(failed) => Err(failed),
+        };
+        decided.map_err(|failed| {
+            let all: Vec<usize> = (0..plan.limits.len()).collect();
+            self.release_failed(plan, &all, stamp, failed)
+        })
     }
 }
 
@@ -155,6 +223,7 @@ fn limits_invocation(
     shaped: &LimitScripts,
     plan: &CheckPlan,
     now: Option<u64>,
+    stamp: Option<Stamp>,
 ) -> (Arc<Script>, Cmd, Vec<usize>) {
     let sent: Vec<usize> = (0..plan.limits.len())
         .filter(|&j| applies_without_trust(plan.limits[j].filter))
@@ -167,7 +236,7 @@ fn limits_invocation(
         id_given: plan.id_given,
         record_ttl_ms: plan.record_ttl_ms,
         now,
-        stamp: None,
+        stamp,
     };
     let limits = sent.iter().map(|&j| {
         let l = &plan.limits[j];
@@ -250,8 +319,8 @@ pub(super) struct Part<'a> {
     /// Send the score's block: the script scores and may deny on it. A slot group does
     /// not (it sees only its own signals); the node scores.
     pub score: bool,
-    /// The reservation's stamp on a cluster (a dry run sends none).
-    pub stamp: Option<u64>,
+    /// What ends this attempt's record (a dry run sends none).
+    pub stamp: Option<Stamp>,
 }
 
 /// Facts a slot group's script is given rather than reads: `None` each when not given.
@@ -412,7 +481,7 @@ pub(super) fn invocation(sha: &str, plan: &CheckPlan, part: &Part, now: Option<u
 
     cmd.arg(&plan.request_id);
     match part.stamp {
-        Some(stamp) if !plan.dry_run => cmd.arg(format!("0.{stamp}")),
+        Some(stamp) if !plan.dry_run => cmd.arg(format!("0{stamp}")),
         _ => cmd.arg(flag(plan.dry_run)),
     };
     cmd.arg(repeats(plan.id_given, part.idempotency_key.is_some()))
@@ -967,7 +1036,7 @@ mod tests {
         assert!(!limits_only(&plan()));
         let scripts = LimitScripts::default();
         let check_lua = scripts.check_lua();
-        let (script, cmd, sent) = limits_invocation(&scripts, &p, None);
+        let (script, cmd, sent) = limits_invocation(&scripts, &p, None, None);
         assert_eq!(sent, [0, 2]);
         // The script made for this shape (two sliding windows of 10 s), sent the maxes only.
         assert_ne!(script.get_hash(), check_lua.get_hash());
@@ -998,7 +1067,7 @@ mod tests {
             limits: vec![limit("p:s:uid:u"); crate::store::limits_script::MAX_LIMITS + 1],
             ..p.clone()
         };
-        let (script, cmd, _) = limits_invocation(&scripts, &many, None);
+        let (script, cmd, _) = limits_invocation(&scripts, &many, None, None);
         assert_eq!(script.get_hash(), check_lua.get_hash());
         assert_eq!(words(&cmd).len(), 3 + 1 + 17 + 6 + 5 * 17);
 

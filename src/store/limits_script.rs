@@ -156,7 +156,7 @@ pub fn command<'l>(
     let mut entries = record_entries(limits.clone());
     if let Some(stamp) = call.stamp {
         // The shaped script appends ARGV[7] to the record as it is: the stamp rides on it.
-        let _ = write!(entries, ".{stamp}");
+        let _ = write!(entries, "{stamp}");
     }
     cmd.arg(entries);
     for (_, _, _, max, _) in limits {

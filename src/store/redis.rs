@@ -51,9 +51,45 @@ pub struct CheckCall<'a> {
     pub record_ttl_ms: u64,
     /// `None` reads Redis `TIME`.
     pub now: Option<u64>,
-    /// On Redis Cluster, the reservation's stamp: the record ends in `.<stamp>` (see
-    /// `store::release`); `None` elsewhere.
-    pub stamp: Option<u64>,
+    /// What ends this attempt's record ([`Stamp`]); `None` for a store's own checks.
+    pub stamp: Option<Stamp>,
+}
+
+/// What ends the request record of one attempt at a check, so that a release
+/// (`store::release`, `lua/release.lua`) takes that attempt's record and no other's: a
+/// retry under the same request id, admitted meanwhile, has a stamp of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stamp {
+    /// Redis Cluster, `.<digits>`: the record is a reservation until the node commits it
+    /// (a copy meanwhile is answered "held", limits.lua) or releases it.
+    Reservation(u64),
+    /// One Redis, `~<digits>`: the record counts at once and is never committed; the stamp
+    /// only lets the release of a call that failed (its script may run after the node
+    /// gave up on it) find this attempt's record. 32 bits tell apart the few attempts
+    /// sharing one request id, in fewer bytes per record.
+    Attempt(u32),
+}
+
+impl Stamp {
+    /// A fresh reservation's stamp.
+    pub fn reservation() -> Stamp {
+        Stamp::Reservation(rand::random())
+    }
+
+    /// A fresh attempt's stamp.
+    pub fn attempt() -> Stamp {
+        Stamp::Attempt(rand::random())
+    }
+}
+
+/// The text that ends the record: `.<digits>` or `~<digits>`.
+impl std::fmt::Display for Stamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stamp::Reservation(n) => write!(f, ".{n}"),
+            Stamp::Attempt(n) => write!(f, "~{n}"),
+        }
+    }
 }
 
 /// One limit of a [`CheckCall`]: key, algorithm, window, max, retain (all ms but max).
@@ -80,7 +116,7 @@ impl CheckCall<'_> {
         match (self.dry_run, self.stamp) {
             (true, _) => cmd.arg("1"),
             (false, None) => cmd.arg("0"),
-            (false, Some(stamp)) => cmd.arg(format!("0.{stamp}")),
+            (false, Some(stamp)) => cmd.arg(format!("0{stamp}")),
         };
         cmd.arg(repeats(self.id_given, self.idempotency_key.is_some()))
             .arg(self.record_ttl_ms.max(1));
@@ -197,9 +233,10 @@ const REFUND_LUA: &str = concat!(
     include_str!("../../lua/refund.lua")
 );
 
-/// The release script of a cluster check's slot group (`lua/release.lua`, after limits.lua
-/// and undo.lua): gives back what the group reserved and forgets the reservation.
-pub(crate) const RELEASE_LUA: &str = concat!(
+/// The release script (`lua/release.lua`, after limits.lua and undo.lua): gives back what
+/// one attempt at a check recorded (a cluster slot group's reservation, or a call that
+/// failed on one Redis) and forgets its record; commits a cluster reservation.
+pub const RELEASE_LUA: &str = concat!(
     include_str!("../../lua/limits.lua"),
     include_str!("../../lua/undo.lua"),
     include_str!("../../lua/release.lua")

@@ -24,6 +24,8 @@
 //! deadline; NOSCRIPT from any master loads the script on every node and retries once.
 
 use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,6 +84,66 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+/// `cmd`, an EVALSHA of `script`, on `conn`; loads `script` and sends `cmd` once more
+/// when Redis lost its scripts.
+async fn eval_on(conn: &mut Conn, script: &Script, cmd: &Cmd) -> Result<Value, RedisError> {
+    match cmd.query_async::<Value>(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
+}
+
+/// A call of [`RedisLink::eval_call`] that gave no answer.
+#[derive(Debug)]
+pub struct CallFailed {
+    pub error: StoreError,
+    /// What became of its command.
+    pub sent: Sent,
+}
+
+impl CallFailed {
+    /// A call that was answered with something unusable: it ran (a bug or a foreign key
+    /// shape), nothing of it is still to come.
+    pub fn ended(error: StoreError) -> CallFailed {
+        CallFailed {
+            error,
+            sent: Sent::Ended,
+        }
+    }
+}
+
+/// Whether a failed call's command may still run on Redis.
+#[derive(Debug)]
+pub enum Sent {
+    /// Never sent (the breaker open, no connection): nothing of it can run.
+    No,
+    /// Sent and ended: Redis answered an error, or the connection broke. It ran, in part
+    /// (a script's error does not undo its writes), or it never will.
+    Ended,
+    /// Sent and not answered within the deadline: Redis may run it yet.
+    Pending(LateReply),
+}
+
+/// The reply of a call that outlived its deadline: resolves once Redis has answered it
+/// (its script has run) or its connection is gone.
+pub struct LateReply(Pin<Box<dyn Future<Output = ()> + Send>>);
+
+impl LateReply {
+    /// Waits for the reply (its value is not needed: only that the call is over).
+    pub async fn arrived(self) {
+        self.0.await
+    }
+}
+
+impl std::fmt::Debug for LateReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LateReply")
     }
 }
 
@@ -348,16 +410,38 @@ impl RedisLink {
     /// loaded them) gets `script` loaded and `cmd` once more, within the same deadline.
     pub async fn eval(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
         let mut conn = self.conn().await?;
-        self.run(async {
-            match cmd.query_async::<Value>(&mut conn).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    script.load_async(&mut conn).await?;
-                    cmd.query_async(&mut conn).await
-                }
-                other => other,
-            }
-        })
-        .await
+        self.run(eval_on(&mut conn, script, cmd)).await
+    }
+
+    /// [`RedisLink::eval`] for a call that writes: when it fails, the [`CallFailed`] says
+    /// whether the command was sent, and, when its deadline passed first, holds its late
+    /// reply, which resolves once Redis has run it (or the connection is gone). Until then
+    /// what it may write cannot be given back: a release sent on another connection could
+    /// reach Redis before it.
+    pub async fn eval_call(&self, script: &Arc<Script>, cmd: Cmd) -> Result<Value, CallFailed> {
+        let mut conn = self.conn().await.map_err(|error| CallFailed {
+            error,
+            sent: Sent::No,
+        })?;
+        let script = script.clone();
+        let mut reply = Box::pin(async move { eval_on(&mut conn, &script, &cmd).await });
+        let timeout = Duration::from_millis(self.timeout_ms);
+        let result = match tokio::time::timeout(timeout, &mut reply).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(CallFailed {
+                error: map_redis_error(e, self.timeout_ms),
+                sent: Sent::Ended,
+            }),
+            Err(_) => Err(CallFailed {
+                error: StoreError::Timeout(self.timeout_ms),
+                sent: Sent::Pending(LateReply(Box::pin(async move {
+                    let _ = reply.await;
+                }))),
+            }),
+        };
+        self.breaker
+            .record(&result.as_ref().map_err(|f| f.error.clone()));
+        result
     }
 
     /// Runs one call under the deadline and tells the breaker how it went.

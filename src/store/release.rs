@@ -1,20 +1,28 @@
-//! Releases on Redis Cluster: what a slot group reserved for a check the node then denied
-//! goes back, by request id, off the answer's path.
+//! Releases: what one attempt at a check recorded on Redis goes back, by request id, off
+//! the answer's path — on one Redis and on a cluster alike.
+//!
+//! On one Redis, a check whose call failed or timed out was answered without the store
+//! (`on_store_error`): its script, already sent, may still run once Redis answers (a stall,
+//! a slow log, a fork), and would count a request the caller was told was refused — or,
+//! under `local`, one the node's own store already counted. Such an attempt is released
+//! once Redis has answered it (its late reply), so the release cannot reach Redis first.
 //!
 //! A cluster check runs one script per slot group at once; each group reserves (records
 //! the request) only when none of its own limits is full. When another group says no, or
-//! fails, the reservations of the groups that said yes are released here: a bounded queue,
-//! drained up to [`IN_FLIGHT`] releases at a time, each retried a few times with a growing
-//! pause. A release
-//! is idempotent (`lua/release.lua` finds the reservation's record or does nothing), so a
-//! retry after a lost reply is harmless. A release that is dropped (the queue full, every
-//! retry failed) leaves a unit held until its window passes: the limit admits less, never
-//! more. Each drop is logged and counted.
+//! fails, the reservations of the groups that said yes (or may yet) are released here.
 //!
-//! An allowed check's record in the main group is committed the same way ([`Settle`]):
-//! until then a copy of the request is answered "held" (come back shortly), because the
-//! reservation it finds may yet be released. A dropped commit leaves copies held until the
-//! record expires: never a second grant, but a retry of that allow is not recognised.
+//! Releases wait in a bounded set ([`QUEUE`]), run up to [`IN_FLIGHT`] at a time, each
+//! retried a few times with a growing pause. A release is idempotent (`lua/release.lua`
+//! finds the attempt's record by its [`Stamp`] or does nothing), so a retry after a lost
+//! reply is harmless. A release that is dropped (the queue full, every retry failed)
+//! leaves a unit held until its window passes: the limit admits less, never more. Each
+//! drop is logged and counted.
+//!
+//! An allowed cluster check's record in the main group is committed the same way
+//! ([`Settle`]): until then a copy of the request is answered "held" (come back shortly),
+//! because the reservation it finds may yet be released. A dropped commit leaves copies
+//! held until the record expires: never a second grant, but a retry of that allow is not
+//! recognised.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,13 +31,14 @@ use std::time::Duration;
 use redis::Script;
 use tokio::sync::{mpsc, Notify, Semaphore};
 
-use super::redis::tag_arg;
-use super::redis_link::RedisLink;
+use super::redis::{tag_arg, Stamp};
+use super::redis_link::{LateReply, RedisLink};
 use super::StoreError;
 use crate::metrics::Metrics;
 use crate::rules::Algorithm;
 
-/// Releases waiting at most; past it a release is dropped (under-admission only).
+/// Releases waiting at most (for a late reply, a permit or a try); past it a release is
+/// dropped (under-admission only).
 pub const QUEUE: usize = 16_384;
 /// Releases running at once (each one EVALSHA on its group's master, pipelined on the
 /// cluster connection).
@@ -44,6 +53,10 @@ const MAX_PAUSE_MS: u64 = 1_000;
 /// overloaded run (benches/cluster.py, 6 masters on 2 cores: 0.8 dropped per check), and
 /// each drop holds a unit until its window passes, up to a day.
 const BREAKER_WAIT_MS: u64 = 30_000;
+/// How long a release waits for its attempt's late reply. Past it the call is taken for
+/// lost (its connection silent, not closed) and released anyway: should Redis run it
+/// later still, it counts one request that was refused.
+const LATE_REPLY_MS: u64 = 30_000;
 
 /// What becomes of a reservation once its node has decided the check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,42 +77,56 @@ impl Settle {
     }
 }
 
-/// What one slot group gives back, or commits.
+/// What one attempt (on a cluster, one slot group's part of it) gives back, or commits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Release {
     pub settle: Settle,
-    /// The group's records key (the script appends the generation).
+    /// The records key (the script appends the generation).
     pub records_key: String,
-    /// The group's limit keys and their algorithms.
+    /// The limit keys the attempt was sent, and their algorithms.
     pub keys: Vec<(String, Algorithm)>,
     pub request_id: String,
     pub record_ttl_ms: u64,
-    /// The idempotency field the group wrote (`i:<key>`), if any.
+    /// The idempotency field the attempt wrote (`i:<key>`), if any.
     pub idempotency_field: Option<String>,
     /// `None` reads Redis `TIME`.
     pub now: Option<u64>,
-    /// The reservation's stamp (`CheckCall::stamp`): only the record it ends is released.
-    pub stamp: u64,
+    /// The attempt's stamp (`CheckCall::stamp`): only the record it ends is released.
+    pub stamp: Stamp,
+}
+
+/// A release, and the late reply of its attempt's call to wait for first, if any.
+struct Queued {
+    release: Release,
+    after: Option<LateReply>,
 }
 
 /// The queue; what becomes of each release is counted in
-/// `vigia_cluster_releases_total{result}`.
+/// `vigia_store_releases_total{result}`.
 #[derive(Debug)]
 pub struct Releaser {
-    tx: mpsc::Sender<Release>,
+    tx: mpsc::UnboundedSender<Queued>,
     metrics: Metrics,
     /// Releases queued or running, and a wake-up when that falls to zero.
     pending: Arc<Pending>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Pending {
     count: AtomicUsize,
     idle: Notify,
+    /// `vigia_store_releases_pending` follows `count`.
+    metrics: Metrics,
 }
 
 impl Pending {
+    fn add(&self) -> usize {
+        self.metrics.store_releases_pending(1);
+        self.count.fetch_add(1, Ordering::AcqRel)
+    }
+
     fn done(&self) {
+        self.metrics.store_releases_pending(-1);
         if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.idle.notify_waiters();
         }
@@ -110,25 +137,48 @@ impl Releaser {
     /// Starts the task that runs releases of `script` (release.lua, loaded by the caller)
     /// on `link`, on the calling runtime.
     pub fn start(link: Arc<RedisLink>, script: Script, metrics: Metrics) -> Releaser {
-        let (tx, mut rx) = mpsc::channel::<Release>(QUEUE);
+        // Unbounded as a channel, bounded by `pending` (QUEUE) when a release is queued.
+        let (tx, mut rx) = mpsc::unbounded_channel::<Queued>();
         let task_metrics = metrics.clone();
         let script = Arc::new(script);
-        let pending = Arc::new(Pending::default());
+        let pending = Arc::new(Pending {
+            count: AtomicUsize::new(0),
+            idle: Notify::new(),
+            metrics: metrics.clone(),
+        });
         let task_pending = pending.clone();
         tokio::spawn(async move {
             // Up to IN_FLIGHT releases at once: one at a time, a release per round trip,
             // fell behind a few thousand denies a second (benches/cluster.py).
             let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-            while let Some(release) = rx.recv().await {
-                let Ok(permit) = slots.clone().acquire_owned().await else {
-                    break;
-                };
+            while let Some(Queued { release, after }) = rx.recv().await {
                 let (link, script) = (link.clone(), script.clone());
                 let metrics = task_metrics.clone();
                 let pending = task_pending.clone();
+                let slots = slots.clone();
                 tokio::spawn(async move {
+                    // The attempt's script may still be on its way to Redis: released
+                    // before it ran, it would find nothing and then count.
+                    if let Some(late) = after {
+                        let waited = tokio::time::timeout(
+                            Duration::from_millis(LATE_REPLY_MS),
+                            late.arrived(),
+                        );
+                        if waited.await.is_err() {
+                            tracing::warn!(
+                                request_id = %release.request_id,
+                                "no reply from Redis to a failed check's call after \
+                                 {LATE_REPLY_MS} ms: released anyway; should the call still \
+                                 run, it counts a refused request"
+                            );
+                        }
+                    }
+                    let Ok(permit) = slots.acquire_owned().await else {
+                        pending.done();
+                        return;
+                    };
                     let result = run(&link, &script, &release).await;
-                    metrics.cluster_release(match (result, release.settle) {
+                    metrics.store_release(match (result, release.settle) {
                         (Some(true), Settle::Release) => "released",
                         (Some(true), Settle::Commit) => "committed",
                         (Some(false), _) => "none",
@@ -163,19 +213,31 @@ impl Releaser {
 
     /// Queues a release; drops it (logged, counted) when the queue is full.
     pub fn release(&self, release: Release) {
-        self.pending.count.fetch_add(1, Ordering::AcqRel);
-        if let Err(e) = self.tx.try_send(release) {
+        self.queue(release, None);
+    }
+
+    /// Queues the release of an attempt whose call failed: once its late reply has come
+    /// (when the call timed out), so that whatever its script recorded is there to find.
+    pub fn release_after(&self, late: Option<LateReply>, release: Release) {
+        self.queue(release, late);
+    }
+
+    fn queue(&self, release: Release, after: Option<LateReply>) {
+        let queued = self.pending.add();
+        let queued = if queued >= QUEUE {
+            Err(("queue full", release))
+        } else {
+            self.tx
+                .send(Queued { release, after })
+                .map_err(|e| ("releaser stopped", e.0.release))
+        };
+        if let Err((why, release)) = queued {
             self.pending.done();
-            self.metrics.cluster_release("dropped");
-            let request_id = match &e {
-                mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => {
-                    &r.request_id
-                }
-            };
+            self.metrics.store_release("dropped");
             tracing::warn!(
-                request_id = %request_id,
-                "a cluster reservation could not be queued for release (queue full): it \
-                 holds a unit until its window passes"
+                request_id = %release.request_id,
+                "a check's record could not be queued for release ({why}): it holds a unit \
+                 until its window passes"
             );
         }
     }
@@ -196,7 +258,7 @@ async fn run(link: &RedisLink, script: &Script, r: &Release) -> Option<bool> {
         None => cmd.arg(""),
     };
     cmd.arg(r.idempotency_field.as_deref().unwrap_or(""));
-    cmd.arg(r.stamp).arg(r.settle.arg());
+    cmd.arg(r.stamp.to_string()).arg(r.settle.arg());
     for (key, algorithm) in &r.keys {
         cmd.arg(&tag_arg(*algorithm, key)[..]);
     }
@@ -211,7 +273,7 @@ async fn run(link: &RedisLink, script: &Script, r: &Release) -> Option<bool> {
                         request_id = %r.request_id,
                         records_key = %r.records_key,
                         error = %e,
-                        "a cluster reservation was not released after {TRIES} tries or \
+                        "a check's record was not released after {TRIES} tries or \
                          {BREAKER_WAIT_MS} ms: it holds a unit until its window passes"
                     );
                     return None;

@@ -221,10 +221,10 @@ async fn burst_admits_exactly_the_limit(rules: &str) {
         let mut released = 0;
         for node in &nodes {
             released += node
-                .counter("vigia_cluster_releases_total{result=\"released\"}")
+                .counter("vigia_store_releases_total{result=\"released\"}")
                 .await;
             assert_eq!(
-                node.counter("vigia_cluster_releases_total{result=\"dropped\"}")
+                node.counter("vigia_store_releases_total{result=\"dropped\"}")
                     .await,
                 0
             );

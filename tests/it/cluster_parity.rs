@@ -74,7 +74,7 @@ impl Side {
             );
             (d.clone(), Some(d))
         } else {
-            let d = RedisDecider::new(link, Some(clock))
+            let d = RedisDecider::new(link, Some(clock), Metrics::new())
                 .await
                 .expect("redis decider");
             (Arc::new(d), None)

@@ -11,7 +11,7 @@ use rand_chacha::ChaCha8Rng;
 use redis::{Cmd, Script, Value};
 use vigia::rules::Algorithm;
 use vigia::store::limits_script::Shape;
-use vigia::store::redis::{parse_check_reply, CheckCall, CHECK_LUA};
+use vigia::store::redis::{parse_check_reply, CheckCall, Stamp, CHECK_LUA};
 use vigia::store::CheckOutcome;
 
 use crate::common::RedisServer;
@@ -131,8 +131,15 @@ fn a_script_made_for_a_shape_answers_and_writes_as_check_lua_does() {
                 .then(|| format!("i{}", rng.random_range(0..4)));
             let dry_run = rng.random_bool(0.15);
             let id_given = rng.random_bool(0.5);
-            // A cluster's reservation stamp: both must end the record with it.
-            let stamp = rng.random_bool(0.3).then(|| rng.random::<u64>());
+            // An attempt's stamp (a cluster's reservation, or one Redis's attempt): both must
+            // end the record with it.
+            let stamp = rng.random_bool(0.3).then(|| {
+                if rng.random_bool(0.5) {
+                    Stamp::Reservation(rng.random())
+                } else {
+                    Stamp::Attempt(rng.random())
+                }
+            });
             let mut answer = Vec::new();
             for general_db in [true, false] {
                 let keys: Vec<String> = specs
@@ -212,4 +219,91 @@ fn kind(outcome: &CheckOutcome) -> String {
         CheckOutcome::Held { .. } => "held",
     }
     .to_owned()
+}
+
+/// A release takes the record of its own attempt only: another attempt under the same
+/// request id (a retry after a 503, admitted meanwhile) keeps its count. On one Redis the
+/// record counts at once (`~<digits>`), so it can be released but never committed.
+#[tokio::test]
+async fn a_release_takes_only_its_own_attempts_record() {
+    use std::sync::Arc;
+    use vigia::metrics::Metrics;
+    use vigia::store::breaker::{Breaker, BreakerSettings};
+    use vigia::store::redis::RELEASE_LUA;
+    use vigia::store::redis_link::RedisLink;
+    use vigia::store::release::{Release, Releaser, Settle};
+
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let check_lua = load(&mut conn, CHECK_LUA);
+    let now = 1_000 * SEC;
+    let key = "t:uid:u";
+    let ttl = 900 * SEC;
+    let call = CheckCall {
+        records_key: "t:rq:uid:u",
+        idempotency_key: None,
+        request_id: "r1",
+        dry_run: false,
+        id_given: true,
+        record_ttl_ms: ttl,
+        now: Some(now),
+        stamp: Some(Stamp::Attempt(7)),
+    };
+    let limits = [(key, Algorithm::SlidingWindow, 60 * SEC, 5, 60 * SEC)];
+    let reply = run(&mut conn, &call.command(&check_lua, limits.into_iter()));
+    let outcome = parse_check_reply(reply, 1).expect("a readable reply");
+    assert_eq!(kind(&outcome), "allow");
+
+    let breaker = Arc::new(Breaker::new("redis", BreakerSettings::default(), None));
+    let link = RedisLink::open(&server.url(), 1_000, 1_000, breaker)
+        .await
+        .expect("link");
+    let metrics = Metrics::new();
+    let releaser = Releaser::start(link, Script::new(RELEASE_LUA), metrics.clone());
+    let release = |stamp| Release {
+        settle: Settle::Release,
+        records_key: "t:rq:uid:u".into(),
+        keys: vec![(key.into(), Algorithm::SlidingWindow)],
+        request_id: "r1".into(),
+        record_ttl_ms: ttl,
+        idempotency_field: None,
+        now: Some(now + SEC),
+        stamp,
+    };
+    let count = |conn: &mut redis::Connection| -> u64 {
+        redis::cmd("ZCARD").arg(key).query(conn).expect("ZCARD")
+    };
+
+    // Another attempt's stamp, and a reservation's with the same digits: nothing moves.
+    releaser.release(release(Stamp::Attempt(8)));
+    releaser.release(release(Stamp::Reservation(7)));
+    releaser.settled().await;
+    assert_eq!(
+        count(&mut conn),
+        1,
+        "another attempt's release took r1's count"
+    );
+    // Its own: the unit and the record go.
+    releaser.release(release(Stamp::Attempt(7)));
+    releaser.settled().await;
+    assert_eq!(
+        count(&mut conn),
+        0,
+        "the attempt's own release gave nothing back"
+    );
+    let record: Option<String> = redis::cmd("HGET")
+        .arg(format!("t:rq:uid:u:{}", now / ttl))
+        .arg("r1")
+        .query(&mut conn)
+        .expect("HGET");
+    assert_eq!(
+        record, None,
+        "the record is forgotten: r1 sent again is a new check"
+    );
+    let text = metrics.render();
+    assert!(
+        text.contains("vigia_store_releases_total{result=\"none\"} 2")
+            && text.contains("vigia_store_releases_total{result=\"released\"} 1"),
+        "{text}"
+    );
 }

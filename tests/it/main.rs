@@ -29,6 +29,7 @@ mod reload;
 mod scoring;
 mod signals_shared;
 mod simulate;
+mod stall;
 mod store_down_at_start;
 mod store_embedded;
 mod store_redis;
