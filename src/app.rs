@@ -3,9 +3,10 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::dev::ServerHandle;
-use actix_web::{web, App, HttpServer};
+use actix_web::web;
 use arc_swap::ArcSwapOption;
 
 use crate::behaviour::{BehaviourError, Behaviours};
@@ -24,6 +25,7 @@ use crate::http::{self, AppState};
 use crate::invalidating::{AwardsInvalidate, RefundsInvalidate};
 use crate::keys::KeyPrefix;
 use crate::metrics::Metrics;
+use crate::open_files;
 use crate::record::{RecordError, Recorder};
 use crate::refund::Refunds;
 use crate::rules::{self, watch, Reloader, RuleErrors, RuleSet, RulesHandle, Trigger};
@@ -59,6 +61,9 @@ pub enum StartError {
     /// `[record]` cannot start (its error names the folder).
     #[error("record: {0}")]
     Record(#[from] RecordError),
+    /// `[http] max_connections_per_worker` past what the open-file limit leaves room for.
+    #[error(transparent)]
+    Connections(#[from] open_files::TooManyConnections),
 }
 
 /// A built service, not yet listening.
@@ -439,54 +444,53 @@ pub struct Running {
     pub embedded: Vec<Arc<EmbeddedStore>>,
     pub behaviours: Behaviours,
     pub ledger: Arc<dyn TrustLedger>,
+    /// HTTP workers, and the connections each holds at most.
+    pub workers: usize,
+    pub connections_per_worker: usize,
 }
 
-/// Builds and binds the service (`listen` may use port 0) on `clock`; the caller awaits
-/// `server`.
+/// Builds and binds the service (`listen` may use port 0) on `clock` with `workers` HTTP
+/// workers (by default one per CPU); the caller awaits `server`.
 pub async fn start(
     config: &Config,
     workers: Option<usize>,
     clock: Arc<dyn Clock>,
 ) -> Result<Running, StartError> {
+    let workers = workers.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    // Without a readable limit (none on this system) the cap is actix's own.
+    let soft = open_files::current().map_or(u64::MAX, |l| l.soft);
+    let connections_per_worker =
+        open_files::cap(config.http.max_connections_per_worker, workers, soft)?;
+    let bind_err = |source| StartError::Bind {
+        addr: config.listen.clone(),
+        source,
+    };
+    let addr = config
+        .listen_addr()
+        .map_err(|e| bind_err(std::io::Error::other(e)))?;
     let service = build(config, clock).await?;
+    let listener = http::server::listen(addr).map_err(bind_err)?;
+    let addr = listener.local_addr().map_err(bind_err)?;
     let state = service.state.clone();
-    let embedded = service.embedded.clone();
-    let behaviours = service.behaviours.clone();
-    let ledger = service.ledger.clone();
-    let data = service.state;
-    let mut server = HttpServer::new(move || {
-        App::new()
-            .app_data(data.clone())
-            .wrap(http::answers::CountAnswers::new(data.metrics.clone()))
-            .configure(http::configure)
-    })
-    .shutdown_timeout(10);
-    if let Some(n) = workers {
-        server = server.workers(n);
-    }
-    let server = server
-        .bind(&config.listen)
-        .map_err(|source| StartError::Bind {
-            addr: config.listen.clone(),
-            source,
-        })?;
-    let addr = server
-        .addrs()
-        .first()
-        .copied()
-        .ok_or_else(|| StartError::Bind {
-            addr: config.listen.clone(),
-            source: std::io::Error::other("no address bound"),
-        })?;
-    let server = server.run();
+    let bounds = http::server::Bounds {
+        request_timeout: Duration::from_millis(config.http.request_timeout_ms),
+        keep_alive: Duration::from_millis(config.http.keep_alive_ms),
+        per_worker: connections_per_worker,
+    };
+    let server = http::server::serve(listener, workers, bounds, service.state)
+        .map_err(StartError::Server)?;
     Ok(Running {
         addr,
         handle: server.handle(),
         server,
         state,
-        embedded,
-        behaviours,
-        ledger,
+        embedded: service.embedded,
+        behaviours: service.behaviours,
+        ledger: service.ledger,
+        workers,
+        connections_per_worker,
     })
 }
 
@@ -508,8 +512,26 @@ fn spawn_sighup_reload(reloader: Arc<Reloader>) {
     });
 }
 
+/// Raises the soft open-file limit to the hard one, and logs both: connections are capped
+/// under it (see [`open_files`]).
+fn raise_open_files() {
+    match open_files::raise() {
+        Ok((before, after)) => tracing::info!(
+            soft = after.soft,
+            hard = after.hard,
+            soft_before = before.soft,
+            "open-file limit"
+        ),
+        Err(e) => tracing::warn!(
+            error = %e,
+            "open-file limit: cannot raise the soft limit to the hard one; connections are capped under the soft limit"
+        ),
+    }
+}
+
 /// Runs the service until SIGINT or SIGTERM (graceful: in-flight checks finish).
 pub async fn serve(config: &Config) -> Result<(), StartError> {
+    raise_open_files();
     let running = start(config, Some(config.worker_threads()), Arc::new(SystemClock)).await?;
     let store_at = match config.store.backend {
         StoreBackend::Embedded => config.data_dir.display().to_string(),
@@ -522,6 +544,9 @@ pub async fn serve(config: &Config) -> Result<(), StartError> {
         store = config.store.backend.name(),
         store_at = %store_at,
         rules_version = %rules_version,
+        workers = running.workers,
+        connections_per_worker = running.connections_per_worker,
+        request_timeout_ms = config.http.request_timeout_ms,
         "vigia listening"
     );
     spawn_sighup_reload(running.state.reloader.clone());

@@ -242,6 +242,32 @@ impl Default for OverLimitConfig {
     }
 }
 
+/// `[http]`: how long a client may take, and how many connections a worker holds. Every
+/// field has a default; the section may be absent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// A request (its head and its body) must arrive within this long of its first byte,
+    /// ms, or its connection is closed; a connection that sends nothing is answered 408
+    /// and closed after as long.
+    pub request_timeout_ms: u64,
+    /// How long an idle keep-alive connection is kept, ms; 0: one request per connection.
+    pub keep_alive_ms: u64,
+    /// Connections one worker holds at most (more wait in the listen backlog); absent: as
+    /// many as the open-file limit allows (see `open_files`).
+    pub max_connections_per_worker: Option<usize>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            request_timeout_ms: 5_000,
+            keep_alive_ms: 5_000,
+            max_connections_per_worker: None,
+        }
+    }
+}
+
 /// Most HTTP workers a config may ask for: more only costs memory and context switches.
 const MAX_WORKERS: usize = 1024;
 
@@ -263,6 +289,7 @@ pub struct Config {
     pub decision_log: DecisionLogMode,
     pub ops: OpsConfig,
     pub over_limit: OverLimitConfig,
+    pub http: HttpConfig,
 }
 
 impl Default for Config {
@@ -280,6 +307,7 @@ impl Default for Config {
             decision_log: DecisionLogMode::Off,
             ops: OpsConfig::default(),
             over_limit: OverLimitConfig::default(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -503,6 +531,17 @@ impl Config {
                 0..=100_000_000,
             ),
             ("over_limit.hold_ms", self.over_limit.hold_ms, 1..=60_000),
+            (
+                "http.request_timeout_ms",
+                self.http.request_timeout_ms,
+                100..=600_000,
+            ),
+            ("http.keep_alive_ms", self.http.keep_alive_ms, 0..=3_600_000),
+            (
+                "http.max_connections_per_worker",
+                self.http.max_connections_per_worker.map_or(1, |n| n as u64),
+                1..=1_000_000,
+            ),
         ] {
             if !range.contains(&value) {
                 out.push((
@@ -842,6 +881,45 @@ check_token = ""
             .unwrap_err()
             .to_string();
         assert!(err.contains("path"), "{err}");
+    }
+
+    #[test]
+    fn http_bounds_have_defaults_and_bad_ones_name_their_field() {
+        let c = Config::from_toml("c.toml", "").unwrap();
+        assert_eq!(
+            (
+                c.http.request_timeout_ms,
+                c.http.keep_alive_ms,
+                c.http.max_connections_per_worker
+            ),
+            (5_000, 5_000, None)
+        );
+        let c = Config::from_toml(
+            "c.toml",
+            "[http]\nrequest_timeout_ms = 1000\nkeep_alive_ms = 0\nmax_connections_per_worker = 64\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.http.request_timeout_ms,
+                c.http.keep_alive_ms,
+                c.http.max_connections_per_worker
+            ),
+            (1_000, 0, Some(64))
+        );
+        for (text, field) in [
+            (
+                "[http]\nrequest_timeout_ms = 0\n",
+                "c.toml:2: http.request_timeout_ms: 0",
+            ),
+            (
+                "[http]\nkeep_alive_ms = 5000\nmax_connections_per_worker = 0\n",
+                "c.toml:3: http.max_connections_per_worker: 0",
+            ),
+        ] {
+            let err = Config::from_toml("c.toml", text).unwrap_err().to_string();
+            assert!(err.starts_with(field), "{err}");
+        }
     }
 
     #[test]

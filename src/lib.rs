@@ -29,6 +29,7 @@ pub mod input;
 pub mod invalidating;
 pub mod keys;
 pub mod metrics;
+pub mod open_files;
 pub mod record;
 pub mod refund;
 pub mod rules;

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use prometheus::local::{LocalHistogramVec, LocalIntCounterVec};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// The service's metrics.
@@ -39,6 +39,7 @@ pub struct Metrics {
     breaker_open: IntGaugeVec,
     breaker_transitions: IntCounterVec,
     record_lines: IntCounterVec,
+    late_requests: IntCounter,
 }
 
 /// The metrics every check moves (its decision, its HTTP answer, its latency; a deny's
@@ -198,6 +199,14 @@ impl Metrics {
             "Traffic lines handed to the recorder, by result (written, dropped_full, dropped_max_bytes, error).",
             &["result"],
         );
+        let late_requests = IntCounter::new(
+            "vigia_http_late_requests_total",
+            "Connections closed because a request (head and body) did not arrive within [http] request_timeout_ms of its first byte.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(late_requests.clone()))
+            .expect("unique metric");
         let check_latency = HistogramVec::new(
             HistogramOpts::new("vigia_check_duration_seconds", "Check latency by scene.")
                 .buckets(LATENCY_BUCKETS.to_vec()),
@@ -268,6 +277,7 @@ impl Metrics {
             rule_reloads,
             rules_loaded,
             record_lines,
+            late_requests,
         }
     }
 
@@ -412,6 +422,12 @@ impl Metrics {
     /// `max_bytes`) or `error` (lost to a file error, or to the writer thread being gone).
     pub fn record_line(&self, result: &str) {
         self.record_lines.with_label_values(&[result]).inc();
+    }
+
+    /// The count of connections closed for a late request: each connection holds its handle
+    /// (see `http::deadline`).
+    pub fn late_requests(&self) -> IntCounter {
+        self.late_requests.clone()
     }
 
     /// Every metric as it stands now. The ops page reads its counts here, so it shows

@@ -5,13 +5,16 @@
 
 pub mod admin;
 pub mod answers;
+pub mod arrival;
 pub mod auth;
 pub mod check;
+pub mod deadline;
 pub mod errors;
 pub mod events;
 pub mod ops;
 pub mod ops_page;
 pub mod recording;
+pub mod server;
 
 use std::sync::Arc;
 

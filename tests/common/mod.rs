@@ -7,6 +7,7 @@ pub mod load;
 pub mod proxy;
 pub mod redis_cluster;
 pub mod redis_server;
+pub mod served;
 
 pub use app::{body, limit, scene, spawn_app, spawn_app_configured, spawn_app_with, TestApp};
 pub use load::{percentile, run_checks, timed_check, Sample};

@@ -10,6 +10,7 @@ mod clock;
 mod cluster;
 mod cluster_copies;
 mod cluster_parity;
+mod connections;
 mod decide_suite;
 mod dimensions;
 mod durability;
