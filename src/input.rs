@@ -215,26 +215,18 @@ pub fn request_id(obj: &(impl Fields + ?Sized), now_ms: u64) -> Result<String, R
     }
 }
 
-/// The `ip` field in canonical text form (`::ffff:1.2.3.4` is `1.2.3.4`), and the address.
-pub fn ip(obj: &(impl Fields + ?Sized)) -> Result<Option<(String, IpAddr)>, RequestError> {
+/// The `ip` field: one address, IPv4 or IPv6. What it counts as (its `ip` and `net`) is
+/// the rule set's to say (`rules::Network`).
+pub fn ip(obj: &(impl Fields + ?Sized)) -> Result<Option<IpAddr>, RequestError> {
     match present(obj, "ip") {
         None => Ok(None),
         // Exactly the address text (no surrounding blanks), as the API document's
-        // ipv4/ipv6 formats say.
-        Some(Field::Str(s)) => match s.parse::<IpAddr>() {
-            // The IPv4 parser takes only the canonical dotted quad (no leading zeros, no
-            // other notation): the text is already the key's.
-            Ok(a @ IpAddr::V4(_)) => Ok(Some((s.to_owned(), a))),
-            // One address, one key: ::ffff:1.2.3.4 counts as 1.2.3.4.
-            Ok(a) => {
-                let a = a.to_canonical();
-                Ok(Some((a.to_string(), a)))
-            }
-            Err(_) => Err(RequestError::invalid(
-                "ip",
-                "is not an IPv4 or IPv6 address",
-            )),
-        },
+        // ipv4/ipv6 formats say. The IPv4 parser takes only the canonical dotted quad (no
+        // leading zeros, no other notation).
+        Some(Field::Str(s)) => s
+            .parse::<IpAddr>()
+            .map(Some)
+            .map_err(|_| RequestError::invalid("ip", "is not an IPv4 or IPv6 address")),
         Some(_) => Err(RequestError::invalid("ip", "must be a string")),
     }
 }
@@ -312,10 +304,9 @@ pub fn values(
     // A forged device id is a security verdict, not an input error; an absurd length is
     // forged whatever the pattern says.
     let device_too_long = device.as_deref().is_some_and(too_long);
-    let (ip, net) = match ip(obj)? {
-        Some((text, addr)) => (Some(text), Some(rules.network.of(addr))),
-        None => (None, None),
-    };
+    let addr = ip(obj)?;
+    let ip = addr.map(|a| rules.network.ip_of(a));
+    let net = addr.map(|a| rules.network.of(a));
     Ok((
         DimensionValues {
             user,
@@ -335,19 +326,22 @@ mod tests {
 
     fn ip_of(text: &str) -> Result<Option<String>, RequestError> {
         let body = serde_json::json!({ "ip": text });
-        ip(body.as_object().expect("an object")).map(|r| r.map(|(text, _)| text))
+        let obj = body.as_object().expect("an object");
+        let rules = crate::rules::compile_files(&[]).expect("an empty rule set");
+        values(&rules, obj).map(|(v, _)| v.ip.map(|ip| ip.as_str().to_string()))
     }
 
-    /// One address, one key: every spelling of an address names the same key, and no
-    /// spelling that is not an address is taken.
+    /// One client, one key: every spelling of an address names the same key (an IPv6
+    /// address's is its /64), and no spelling that is not an address is taken.
     #[test]
     fn an_address_is_its_canonical_text() {
         for (given, key) in [
             ("203.0.113.9", "203.0.113.9"),
             ("0.0.0.0", "0.0.0.0"),
             ("::ffff:203.0.113.9", "203.0.113.9"),
-            ("2001:DB8:0:0:0:0:0:1", "2001:db8::1"),
-            ("2001:db8::1", "2001:db8::1"),
+            ("2001:DB8:0:0:0:0:0:1", "2001:db8::/64"),
+            ("2001:db8::1", "2001:db8::/64"),
+            ("2001:db8::ffff:1", "2001:db8::/64"),
         ] {
             assert_eq!(ip_of(given).unwrap().as_deref(), Some(key), "{given}");
         }

@@ -30,14 +30,15 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Arc;
 
-use crate::rules::{Algorithm, Dimension, Limit};
+use crate::rules::{Algorithm, Dimension, IpGroup, Limit};
 
-/// The dimension values of one check, already validated (an IP in canonical text form).
+/// The dimension values of one check, already validated.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DimensionValues {
     pub user: Option<String>,
     pub device: Option<String>,
-    pub ip: Option<String>,
+    /// The IP's `ip` under the rule set's `[network]` (`203.0.113.9`, `2001:db8:1:2::/64`).
+    pub ip: Option<IpGroup>,
     /// The IP's network under the rule set's `[network]` (`203.0.113.0/24`).
     pub net: Option<String>,
     pub activity: Option<String>,
@@ -50,7 +51,7 @@ impl DimensionValues {
         match d {
             Dimension::User => self.user.as_deref(),
             Dimension::Device => self.device.as_deref(),
-            Dimension::Ip => self.ip.as_deref(),
+            Dimension::Ip => self.ip.as_ref().map(IpGroup::as_str),
             Dimension::Net => self.net.as_deref(),
             Dimension::Activity => self.activity.as_deref(),
             Dimension::Attr(name) => self.attrs.get(name).map(String::as_str),
@@ -476,7 +477,7 @@ impl KeySpace<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::Layer;
+    use crate::rules::{Layer, Network};
 
     fn limit(name: &str, algorithm: Algorithm, dims: &[Dimension]) -> Limit {
         Limit {
@@ -495,7 +496,7 @@ mod tests {
         DimensionValues {
             user: Some(user.into()),
             device: Some("dev-12345678".into()),
-            ip: Some("2001:db8::1".into()),
+            ip: Some(Network::default().ip_of("2001:db8::1".parse().unwrap())),
             net: Some("2001:db8::/48".into()),
             activity: Some("2026verano".into()),
             attrs: [("phone_range".into(), "612 34".to_string())].into(),
@@ -522,7 +523,7 @@ mod tests {
         let ip = limit("ip_1m", Algorithm::FixedWindow, &[Dimension::Ip]);
         assert_eq!(
             KS.limit_key(&ip, &values("1")).unwrap(),
-            "lt:coupon_claim:fw:ip_1m:ip:2001%3Adb8%3A%3A1"
+            "lt:coupon_claim:fw:ip_1m:ip:2001%3Adb8%3A%3A%2F64"
         );
         let tb = limit("dev_tb", Algorithm::TokenBucket, &[Dimension::Device]);
         assert_eq!(
@@ -540,7 +541,10 @@ mod tests {
         let key = |required: &[Dimension]| KS.records_key(&v, required);
         assert_eq!(key(&all), "lt:coupon_claim:rq:uid:10086");
         assert_eq!(key(&all[..4]), "lt:coupon_claim:rq:did:dev-12345678");
-        assert_eq!(key(&all[..3]), "lt:coupon_claim:rq:ip:2001%3Adb8%3A%3A1");
+        assert_eq!(
+            key(&all[..3]),
+            "lt:coupon_claim:rq:ip:2001%3Adb8%3A%3A%2F64"
+        );
         assert_eq!(key(&all[..2]), "lt:coupon_claim:rq:aid:2026verano");
         assert_eq!(
             key(&all[1..2]),
@@ -590,7 +594,7 @@ mod tests {
         );
         assert_eq!(
             key(FixedWindow, &[Ip]),
-            "lt:coupon_claim:fw:l:{ip:2001%3Adb8%3A%3A1}"
+            "lt:coupon_claim:fw:l:{ip:2001%3Adb8%3A%3A%2F64}"
         );
         assert_eq!(
             key(TokenBucket, &[Device, User]),

@@ -5,8 +5,6 @@
 //! the request and the rules is resolved here (keys, CIDR overrides, caps, weights); what
 //! depends on what the store holds (points, ages, counts) is the decider's.
 
-use std::net::IpAddr;
-
 use super::quota::overridden_max;
 use super::request::CheckRequest;
 use crate::decide::{CheckPlan, LimitPlan, PassScopes, ScorePlan, SignalPlan, TrustPlan};
@@ -34,8 +32,7 @@ pub fn plan(
     let scene = &req.scene;
     let ks = prefix.scene(&scene.name);
     let values = &req.values;
-    let ip: Option<IpAddr> = values.ip.as_deref().and_then(|s| s.parse().ok());
-    let (limits, index) = limits(&ks, scene, values, ip);
+    let (limits, index) = limits(&ks, scene, values);
     let idempotency_key = req
         .idempotency_key
         .as_deref()
@@ -169,7 +166,6 @@ fn limits(
     ks: &KeySpace<'_>,
     scene: &Scene,
     values: &DimensionValues,
-    ip: Option<IpAddr>,
 ) -> (Vec<LimitPlan>, LimitIndex) {
     let mut planned: Vec<LimitPlan> = Vec::with_capacity(scene.limits.len());
     let mut index = Vec::with_capacity(scene.limits.len());
@@ -182,7 +178,7 @@ fn limits(
             key,
             algorithm: limit.algorithm,
             window_ms: limit.window_ms.max(1),
-            base_max: overridden_max(scene, limit, ip),
+            base_max: overridden_max(scene, limit, values.ip.as_ref()),
             per_user: limit.dimensions.contains(&Dimension::User),
             trust_bonus: limit.trust_bonus,
             retain_ms: limit.window_ms.max(1),

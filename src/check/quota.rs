@@ -1,16 +1,15 @@
 //! The max of a limit before the user is known: a CIDR override for the request's IP
 //! replaces the max of a limit counted per `ip` or `net` (the most specific range wins) —
-//! a campus NAT gets room, nobody else does. What the user changes (a new account's
-//! `max_factor`, trust's `trust_bonus`) is applied by the decider, on the facts it reads
-//! (`decide::math::effective_max`).
+//! a campus NAT gets room, nobody else does. A range matches the request's `ip` (an IPv6
+//! /64 whole), so every address of one client gets the same max. What the user changes (a
+//! new account's `max_factor`, trust's `trust_bonus`) is applied by the decider, on the
+//! facts it reads (`decide::math::effective_max`).
 
-use std::net::IpAddr;
-
-use crate::rules::{Dimension, Limit, Scene};
+use crate::rules::{Dimension, IpGroup, Limit, Scene};
 
 /// The limit's max for a request from `ip`: the most specific CIDR override of it that
-/// contains `ip`, or its own.
-pub fn overridden_max(scene: &Scene, limit: &Limit, ip: Option<IpAddr>) -> u64 {
+/// holds `ip`, or its own.
+pub fn overridden_max(scene: &Scene, limit: &Limit, ip: Option<&IpGroup>) -> u64 {
     let on_address = limit
         .dimensions
         .iter()
@@ -21,7 +20,7 @@ pub fn overridden_max(scene: &Scene, limit: &Limit, ip: Option<IpAddr>) -> u64 {
     scene
         .overrides
         .iter()
-        .filter(|o| o.limit == limit.name && o.cidr.contains(&ip))
+        .filter(|o| o.limit == limit.name && ip.within(&o.cidr))
         .max_by_key(|o| o.cidr.prefix_len())
         .map_or(limit.max, |o| o.max)
 }
@@ -29,7 +28,7 @@ pub fn overridden_max(scene: &Scene, limit: &Limit, ip: Option<IpAddr>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{Algorithm, Layer, Override, StoreErrorPolicy};
+    use crate::rules::{Algorithm, Layer, Network, Override, StoreErrorPolicy};
 
     fn limit(name: &str, dims: &[Dimension], max: u64) -> Limit {
         Limit {
@@ -59,8 +58,8 @@ mod tests {
         }
     }
 
-    fn ip(s: &str) -> Option<IpAddr> {
-        Some(s.parse().unwrap())
+    fn group(s: &str) -> IpGroup {
+        Network::default().ip_of(s.parse().unwrap())
     }
 
     #[test]
@@ -81,9 +80,9 @@ mod tests {
                 },
             ],
         );
-        assert_eq!(overridden_max(&s, &ip_limit, ip("10.8.1.1")), 600);
-        assert_eq!(overridden_max(&s, &ip_limit, ip("10.9.1.1")), 100);
-        assert_eq!(overridden_max(&s, &ip_limit, ip("192.0.2.1")), 20);
+        assert_eq!(overridden_max(&s, &ip_limit, Some(&group("10.8.1.1"))), 600);
+        assert_eq!(overridden_max(&s, &ip_limit, Some(&group("10.9.1.1"))), 100);
+        assert_eq!(overridden_max(&s, &ip_limit, Some(&group("192.0.2.1"))), 20);
         assert_eq!(overridden_max(&s, &ip_limit, None), 20);
         // A limit per network takes the range's max too.
         let net_limit = limit("ip_1m", &[Dimension::Net], 20);
@@ -95,7 +94,39 @@ mod tests {
                 max: 600,
             }],
         );
-        assert_eq!(overridden_max(&s, &net_limit, ip("10.8.1.1")), 600);
-        assert_eq!(overridden_max(&s, &net_limit, ip("192.0.2.1")), 20);
+        assert_eq!(
+            overridden_max(&s, &net_limit, Some(&group("10.8.1.1"))),
+            600
+        );
+        assert_eq!(
+            overridden_max(&s, &net_limit, Some(&group("192.0.2.1"))),
+            20
+        );
+    }
+
+    /// An override on an IPv6 range covers a client's whole /64: every rotated address
+    /// gets the campus max, and a /64 outside it gets none.
+    #[test]
+    fn an_ipv6_override_covers_every_address_of_a_64() {
+        let ip_limit = limit("ip_1m", &[Dimension::Ip], 20);
+        let s = scene(
+            vec![ip_limit.clone()],
+            vec![Override {
+                cidr: "2001:db8:8::/48".parse().unwrap(),
+                limit: "ip_1m".into(),
+                max: 600,
+            }],
+        );
+        for addr in ["2001:db8:8:1::1", "2001:db8:8:1:ffff:1234:5678:9abc"] {
+            assert_eq!(
+                overridden_max(&s, &ip_limit, Some(&group(addr))),
+                600,
+                "{addr}"
+            );
+        }
+        assert_eq!(
+            overridden_max(&s, &ip_limit, Some(&group("2001:db8:9::1"))),
+            20
+        );
     }
 }

@@ -67,7 +67,8 @@ fn string_or_integer(max_len: Option<usize>) -> RefOr<Schema> {
         .into()
 }
 
-/// An IP address: IPv4 or IPv6 text (`::ffff:1.2.3.4` counts as `1.2.3.4`).
+/// An IP address: IPv4 or IPv6 text (`::ffff:1.2.3.4` counts as `1.2.3.4`; an IPv6
+/// address counts as its /64, `[network] ipv6_ip_prefix`).
 pub struct IpText;
 
 impl PartialSchema for IpText {

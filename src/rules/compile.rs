@@ -26,7 +26,7 @@ use toml::Spanned;
 
 use super::load::{sorted, version_of};
 use super::raw::{key_segment, parse_file, RawFile, Source};
-use super::{RuleError, RuleErrors, RuleSet, Scene, Validation};
+use super::{Network, RuleError, RuleErrors, RuleSet, Scene, Validation};
 use diag::Diag;
 use scene::{compile_scene, NewAccountKnown, SetFacts, TrustShape};
 
@@ -82,6 +82,7 @@ pub fn compile_files(files: &[(String, String)]) -> Result<RuleSet, RuleErrors> 
         new_account: new_account_known(&parsed),
         attributes: attributes_known(&parsed),
         trust: trust_shape(&parsed),
+        network: network_known(&parsed, network),
     };
     let scenes = compile_scenes(&parsed, &facts, &mut errors);
 
@@ -160,6 +161,17 @@ fn trust_shape(parsed: &[(Source<'_>, RawFile)]) -> Option<TrustShape> {
         shape.new_device |= t.new_device.is_some();
     }
     Some(shape)
+}
+
+/// The compiled `[network]`, its defaults when no file has one; `None` when a broken one
+/// hides it.
+fn network_known(parsed: &[(Source<'_>, RawFile)], compiled: Option<Network>) -> Option<Network> {
+    let present = parsed.iter().any(|(_, f)| f.network.is_some());
+    if present {
+        compiled
+    } else {
+        Some(Network::default())
+    }
 }
 
 /// The attribute names `[attributes]` declares; `None` when a broken one hides them.

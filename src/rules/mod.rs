@@ -9,6 +9,7 @@
 mod compile;
 mod duration;
 mod load;
+mod network;
 mod raw;
 
 /// Names the key a TOML deserialization error is about (`.gateway.burst`, `[2]`): shared
@@ -19,11 +20,10 @@ pub mod watch;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use ipnet::{IpNet, Ipv6Net};
+use ipnet::IpNet;
 use regex::Regex;
 
 use crate::clock::Clock;
@@ -31,13 +31,15 @@ use crate::clock::Clock;
 pub use compile::compile_files;
 pub use duration::parse_duration_ms;
 pub use load::{load_dir, RuleError, RuleErrors};
+pub use network::{IpGroup, Network, RangeError, DEFAULT_IPV6_IP_PREFIX};
 pub use reload::{Reloaded, Reloader, RulesError, Trigger};
 
 /// A dimension of a check: who or what an action is attributed to.
 ///
-/// `Net` is derived from the check's IP (its network, per [`Network`]); `Attr` is a value
-/// the backend carries in `attrs`, declared in `[attributes]` (a phone number's range, a
-/// payment instrument's hash…).
+/// `Ip` and `Net` are derived from the check's IP (by default an IPv6 address's `ip` is
+/// its /64 and its `net` its /48, per [`Network`]); `Attr` is a value the backend carries
+/// in `attrs`, declared in `[attributes]` (a phone number's range, a payment instrument's
+/// hash…).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dimension {
     User,
@@ -102,54 +104,6 @@ impl Dimension {
             return Some(Dimension::Attr(attr.into()));
         }
         Dimension::FIXED.into_iter().find(|d| d.name() == s)
-    }
-}
-
-/// `[network]`: how an IP becomes its `net` (IPv4 /24 and IPv6 /48 unless set).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Network {
-    /// 0..=32.
-    pub ipv4_prefix: u8,
-    /// 0..=128.
-    pub ipv6_prefix: u8,
-}
-
-impl Default for Network {
-    fn default() -> Self {
-        Network {
-            ipv4_prefix: 24,
-            ipv6_prefix: 48,
-        }
-    }
-}
-
-impl Network {
-    /// The network of `ip` as text (`203.0.113.0/24`, `2001:db8:1::/48`).
-    pub fn of(&self, ip: IpAddr) -> String {
-        match ip {
-            // Every check with an address pays for this: written digit by digit, not
-            // through `Display` (the same text as `ipnet`'s, which IPv6 still uses).
-            IpAddr::V4(v4) => {
-                let prefix = self.ipv4_prefix.min(32);
-                let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
-                let octets = (u32::from(v4) & mask).to_be_bytes();
-                let mut digits = itoa::Buffer::new();
-                let mut out = String::with_capacity(18);
-                for (i, octet) in octets.iter().enumerate() {
-                    if i > 0 {
-                        out.push('.');
-                    }
-                    out.push_str(digits.format(*octet));
-                }
-                out.push('/');
-                out.push_str(digits.format(prefix));
-                out
-            }
-            IpAddr::V6(v6) => Ipv6Net::new(v6, self.ipv6_prefix.min(128))
-                .map(|n| IpNet::V6(n.trunc()))
-                .unwrap_or_else(|_| IpNet::from(ip))
-                .to_string(),
-        }
     }
 }
 
@@ -249,6 +203,8 @@ pub struct Limit {
 /// A CIDR range whose IP-limited traffic gets a different max (a campus or office NAT).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Override {
+    /// As [`Network::range`] gives it (IPv4-embedded forms as IPv4, no IPv6 range
+    /// narrower than one `ip`); a check matches it by [`IpGroup::within`].
     pub cidr: IpNet,
     /// Name of a limit of the same scene whose dimensions include `ip` or `net`.
     pub limit: String,
@@ -556,43 +512,5 @@ impl RulesHandle {
             rules: Arc::new(rules),
             loaded_at_ms: self.clock.now_ms(),
         }));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use ipnet::Ipv4Net;
-
-    /// The IPv4 network written digit by digit is `ipnet`'s text, for every prefix.
-    #[test]
-    fn an_ipv4_network_is_ipnets_text() {
-        let addresses = [
-            "203.0.113.9",
-            "0.0.0.0",
-            "255.255.255.255",
-            "10.1.2.3",
-            "1.0.0.1",
-        ];
-        for text in addresses {
-            let ip: std::net::Ipv4Addr = text.parse().expect("an address");
-            for prefix in 0..=32u8 {
-                let net = Network {
-                    ipv4_prefix: prefix,
-                    ipv6_prefix: 64,
-                };
-                let expected = Ipv4Net::new(ip, prefix)
-                    .expect("a prefix")
-                    .trunc()
-                    .to_string();
-                assert_eq!(net.of(IpAddr::V4(ip)), expected, "{text}/{prefix}");
-            }
-        }
-        // A prefix past 32 (refused by the rules compiler) stays the address itself.
-        let wide = Network {
-            ipv4_prefix: 40,
-            ipv6_prefix: 64,
-        };
-        assert_eq!(wide.of("10.1.2.3".parse().expect("ip")), "10.1.2.3/32");
     }
 }

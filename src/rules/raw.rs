@@ -215,15 +215,16 @@ pub struct RawValidation {
     pub device_id: Option<Spanned<RawPattern>>,
 }
 
-/// `[network]`: the prefix lengths that make an IP's `net`.
+/// `[network]`: the prefix lengths that make an IP's `net`, and an IPv6 address's `ip`.
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a network table { ipv4_prefix, ipv6_prefix }"
+    expecting = "a network table { ipv4_prefix, ipv6_prefix, ipv6_ip_prefix }"
 )]
 pub struct RawNetwork {
     pub ipv4_prefix: Option<Int>,
     pub ipv6_prefix: Option<Int>,
+    pub ipv6_ip_prefix: Option<Int>,
 }
 
 /// `[attributes]`: `NAME = { pattern = ".." }` per declared attribute.

@@ -217,7 +217,7 @@ async fn a_crash_loses_at_most_the_last_flush_interval() {
 
 /// The shipped config.toml with a behaviour deadline a loaded debug build always meets:
 /// this test is about what survives a restart, not about the deadline.
-fn config_with_patient_behaviour(dir: &Path) -> std::path::PathBuf {
+pub(crate) fn config_with_patient_behaviour(dir: &Path) -> std::path::PathBuf {
     let shipped =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"))
             .expect("shipped config.toml");

@@ -18,6 +18,7 @@ mod events;
 mod faults;
 mod http_check;
 mod http_errors;
+mod ip_prefix;
 mod limits_script;
 mod logging;
 mod openapi;

@@ -9,8 +9,9 @@ use super::diag::Diag;
 use super::scene::SetFacts;
 use toml::Spanned;
 
+use crate::rules::network::fold_range;
 use crate::rules::raw::{RawLimit, RawOverride, RawScene, Text};
-use crate::rules::{Algorithm, Dimension, Layer, Limit, Override};
+use crate::rules::{Algorithm, Dimension, Layer, Limit, Network, Override};
 
 const ALGORITHMS: [(&str, Algorithm); 3] = [
     ("sliding_window", Algorithm::SlidingWindow),
@@ -150,14 +151,20 @@ pub fn compile_dimensions(
     ok.then_some(dims)
 }
 
-/// Checks every override of `scene`; `Some` only when all are valid.
-pub fn compile_overrides(d: &mut Diag, scene: &str, raw: &RawScene) -> Option<Vec<Override>> {
+/// Checks every override of `scene` against `network` (unknown when `[network]` is
+/// broken); `Some` only when all are valid.
+pub fn compile_overrides(
+    d: &mut Diag,
+    scene: &str,
+    raw: &RawScene,
+    network: Option<&Network>,
+) -> Option<Vec<Override>> {
     let mut out = Some(Vec::with_capacity(raw.overrides.len()));
     for (i, entry) in raw.overrides.iter().enumerate() {
         let path = format!("{scene}.overrides[{i}]");
         let compiled = entry
             .as_ref()
-            .and_then(|o| compile_override(d, &path, scene, raw, o));
+            .and_then(|o| compile_override(d, &path, scene, raw, o, network));
         out = out.zip(compiled).map(|(mut all, o)| {
             all.push(o);
             all
@@ -172,9 +179,20 @@ fn compile_override(
     scene: &str,
     owner: &RawScene,
     raw: &RawOverride,
+    network: Option<&Network>,
 ) -> Option<Override> {
     let cidr = match IpNet::from_str(raw.cidr.get_ref()) {
-        Ok(net) => Some(net.trunc()),
+        // Matched as checks' addresses are: `::ffff:10.8.0.0/112` is `10.8.0.0/16`, and a
+        // range narrower than one IPv6 `ip` (which would count some addresses of a /64
+        // under one max and the rest under another, in one key) is refused.
+        Ok(net) => match network.map(|n| n.range(net)) {
+            Some(Ok(net)) => Some(net),
+            Some(Err(e)) => {
+                d.at(&raw.cidr.span(), format!("{path}.cidr: {e}"));
+                None
+            }
+            None => Some(fold_range(net.trunc())),
+        },
         Err(e) => {
             d.at(
                 &raw.cidr.span(),

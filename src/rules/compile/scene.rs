@@ -7,7 +7,7 @@ use super::diag::Diag;
 use super::limits::{compile_limits, compile_overrides};
 use super::signals::{compile_behaviour, compile_score, compile_signals};
 use crate::rules::raw::{key_segment, RawChallenge, RawGateway, RawScene, RawSceneHead};
-use crate::rules::{Behaviour, Challenge, Dimension, Gateway, Scene, StoreErrorPolicy};
+use crate::rules::{Behaviour, Challenge, Dimension, Gateway, Network, Scene, StoreErrorPolicy};
 
 const POLICIES: [(&str, StoreErrorPolicy); 3] = [
     ("fail_open", StoreErrorPolicy::FailOpen),
@@ -27,6 +27,9 @@ pub struct SetFacts {
     pub attributes: Option<BTreeSet<String>>,
     /// What `[trust]` configures, which decides the `where` filters a rule may use.
     pub trust: Option<TrustShape>,
+    /// `[network]` (its defaults when absent), which decides the ranges an override may
+    /// name.
+    pub network: Option<Network>,
 }
 
 /// Which parts of `[trust]` exist.
@@ -48,7 +51,7 @@ pub fn compile_scene(d: &mut Diag, raw: &RawScene, facts: &SetFacts) -> Option<S
     // Dimensions of limits are checked against `required` only when it could be read.
     let required = head.as_ref().and_then(|h| h.required.clone());
     let limits = compile_limits(d, &path, &raw.limits, required.as_deref(), facts);
-    let overrides = compile_overrides(d, &path, raw);
+    let overrides = compile_overrides(d, &path, raw, facts.network.as_ref());
     let behaviour = match &raw.behaviour {
         Some(b) => compile_behaviour(d, &path, b),
         None => Some(Behaviour::default()),

@@ -1,7 +1,7 @@
 //! Compiles the set-wide sections: `[trust]` (points from payment and identity events,
 //! new-account strictness), `[validation]` (what a well-formed device id looks like),
-//! `[network]` (how an IP becomes its `net`) and `[attributes]` (backend-supplied values
-//! a check may carry, each with its pattern).
+//! `[network]` (how an IP becomes its `ip` and its `net`) and `[attributes]`
+//! (backend-supplied values a check may carry, each with its pattern).
 
 use std::ops::Range;
 
@@ -13,9 +13,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::rules::raw::{
-    RawAttributes, RawAward, RawNetwork, RawNewAccount, RawPattern, RawTrust, RawValidation,
+    Int, RawAttributes, RawAward, RawNetwork, RawNewAccount, RawPattern, RawTrust, RawValidation,
 };
-use crate::rules::{Attribute, Network, NewAccount, NewDevice, Trust, TrustAward, Validation};
+use crate::rules::{
+    Attribute, Network, NewAccount, NewDevice, Trust, TrustAward, Validation,
+    DEFAULT_IPV6_IP_PREFIX,
+};
 
 /// Checks `[trust]`; `Some` only when wholly valid.
 ///
@@ -117,30 +120,33 @@ fn pattern(d: &mut Diag, path: &str, raw: &RawPattern) -> Option<Regex> {
     }
 }
 
-/// Checks `[network]`: prefix lengths within their address family.
+/// Checks `[network]`: prefix lengths within their address family, and an IPv6 `ip` no
+/// wider than its `net` (the `ip` is the finer of the two: one client within a network).
+/// Unset, `ipv6_ip_prefix` is the /64 — or `ipv6_prefix` when that is longer, so a rule
+/// set that narrowed its nets past /64 before the `ip` was grouped still loads.
 pub fn compile_network(d: &mut Diag, _at: &Range<usize>, raw: &RawNetwork) -> Option<Network> {
     let default = Network::default();
-    let prefix =
-        |d: &mut Diag, path: &str, value: Option<&crate::rules::raw::Int>, bits: u8, dflt: u8| {
-            let Some(value) = value else {
-                return Some(dflt);
-            };
-            let n = *value.get_ref();
-            match u8::try_from(n) {
-                Ok(n) if n <= bits => Some(n),
-                _ => {
-                    d.at(
-                        &value.span(),
-                        format!("{path}: {n} is not a prefix length 0..={bits}"),
-                    );
-                    None
-                }
-            }
+    let prefix = |d: &mut Diag, path: &str, value: Option<&Int>, lowest: u8, bits: u8, dflt: u8| {
+        let Some(value) = value else {
+            return Some(dflt);
         };
+        let n = *value.get_ref();
+        match u8::try_from(n) {
+            Ok(n) if (lowest..=bits).contains(&n) => Some(n),
+            _ => {
+                d.at(
+                    &value.span(),
+                    format!("{path}: {n} is not a prefix length {lowest}..={bits}"),
+                );
+                None
+            }
+        }
+    };
     let ipv4_prefix = prefix(
         d,
         "network.ipv4_prefix",
         raw.ipv4_prefix.as_ref(),
+        0,
         32,
         default.ipv4_prefix,
     );
@@ -148,12 +154,37 @@ pub fn compile_network(d: &mut Diag, _at: &Range<usize>, raw: &RawNetwork) -> Op
         d,
         "network.ipv6_prefix",
         raw.ipv6_prefix.as_ref(),
+        0,
         128,
         default.ipv6_prefix,
     );
+    // An `ip` of /0 would be every IPv6 client at once.
+    let ipv6_ip_prefix = prefix(
+        d,
+        "network.ipv6_ip_prefix",
+        raw.ipv6_ip_prefix.as_ref(),
+        1,
+        128,
+        DEFAULT_IPV6_IP_PREFIX.max(ipv6_prefix.unwrap_or(0)),
+    );
+    if let (Some(ip), Some(net), Some(value)) =
+        (ipv6_ip_prefix, ipv6_prefix, raw.ipv6_ip_prefix.as_ref())
+    {
+        if ip < net {
+            d.at(
+                &value.span(),
+                format!(
+                    "network.ipv6_ip_prefix: {ip} is shorter than network.ipv6_prefix ({net}): \
+                     an address's `ip` (one client) must lie within its `net`"
+                ),
+            );
+            return None;
+        }
+    }
     Some(Network {
         ipv4_prefix: ipv4_prefix?,
         ipv6_prefix: ipv6_prefix?,
+        ipv6_ip_prefix: ipv6_ip_prefix?,
     })
 }
 

@@ -1,7 +1,7 @@
 //! `net`, `attr.NAME`, `[network]` and `[attributes]`.
 
 use super::support::*;
-use crate::rules::Dimension;
+use crate::rules::{compile_files, Dimension};
 
 const ATTRS: &str = "\n[attributes]\nphone_range = { pattern = \"^[0-9]{3,8}$\" }\n";
 
@@ -174,4 +174,95 @@ fn an_override_may_target_a_limit_per_net() {
     let text = base_with("dimensions = [\"ip\"]", "dimensions = [\"net\"]")
         + "\n[[scene.s.overrides]]\ncidr = \"10.8.0.0/16\"\nlimit = \"ip_1m\"\nmax = 600\n";
     assert_eq!(ok(&text).scene("s").unwrap().overrides.len(), 1);
+}
+
+/// An IPv6 address's `ip` is its /64 unless `ipv6_ip_prefix` says otherwise; a rule set
+/// that narrows its nets past /64 without naming the `ip` keeps loading, its `ip` as narrow.
+#[test]
+fn an_ipv6_ip_is_a_64_unless_set() {
+    let of = |rules: &crate::rules::RuleSet| {
+        let group = rules.network.ip_of("2001:db8:1:2:3:4:5:6".parse().unwrap());
+        (rules.network.ipv6_ip_prefix, group.as_str().to_string())
+    };
+    assert_eq!(of(&ok(BASE)), (64, "2001:db8:1:2::/64".into()));
+    let set = format!("{BASE}\n[network]\nipv6_ip_prefix = 56\n");
+    assert_eq!(of(&ok(&set)), (56, "2001:db8:1::/56".into()));
+    let exact = format!("{BASE}\n[network]\nipv6_ip_prefix = 128\n");
+    assert_eq!(of(&ok(&exact)), (128, "2001:db8:1:2:3:4:5:6".into()));
+    let narrow_nets = format!("{BASE}\n[network]\nipv6_prefix = 80\n");
+    assert_eq!(of(&ok(&narrow_nets)), (80, "2001:db8:1:2:3::/80".into()));
+}
+
+/// `ipv6_ip_prefix` is a length 1..=128, and no shorter than `ipv6_prefix`: one client's
+/// addresses lie within one network.
+#[test]
+fn the_ipv6_ip_prefix_is_a_length_within_the_net() {
+    for (line, says) in [
+        ("ipv6_ip_prefix = 0", "0 is not a prefix length 1..=128"),
+        ("ipv6_ip_prefix = 129", "129 is not a prefix length 1..=128"),
+        (
+            "ipv6_ip_prefix = 40",
+            "40 is shorter than network.ipv6_prefix (48)",
+        ),
+    ] {
+        let text = format!("{BASE}\n[network]\n{line}\n");
+        assert_error(
+            &single(&text),
+            &text,
+            line,
+            "network.ipv6_ip_prefix",
+            &[says],
+        );
+    }
+    let text = format!("{BASE}\n[network]\nipv6_prefix = 32\nipv6_ip_prefix = 40\n");
+    assert_eq!(ok(&text).network.ipv6_ip_prefix, 40);
+}
+
+const V6_OVERRIDE: &str =
+    "\n[[scene.s.overrides]]\ncidr = \"2001:db8:8::/96\"\nlimit = \"ip_1m\"\nmax = 600\n";
+
+/// An override narrower than one IPv6 `ip` would give some addresses of a /64 one max and
+/// the rest another, in one key: refused at its line, naming the prefix that decides it.
+#[test]
+fn an_override_may_not_split_an_ipv6_ip() {
+    let text = format!("{BASE}{V6_OVERRIDE}");
+    assert_error(
+        &single(&text),
+        &text,
+        "cidr = ",
+        "scene.s.overrides[0].cidr",
+        &[
+            "2001:db8:8::/96 is narrower than one IPv6 `ip` (a /64",
+            "ipv6_ip_prefix",
+        ],
+    );
+    // With the `ip` at /128 (set in another file), the range holds whole clients.
+    let rules = compile_files(&[
+        ("rules/a.toml".into(), format!("{BASE}{V6_OVERRIDE}")),
+        (
+            "rules/b.toml".into(),
+            "[network]\nipv6_ip_prefix = 128\n".into(),
+        ),
+    ])
+    .expect("valid");
+    let cidr = rules.scene("s").unwrap().overrides[0].cidr;
+    assert_eq!(cidr.to_string(), "2001:db8:8::/96");
+    // A broken [network] reports itself, not the overrides that depend on it.
+    let text = format!("{BASE}{V6_OVERRIDE}\n[network]\nipv6_ip_prefix = 0\n");
+    assert_error(
+        &single(&text),
+        &text,
+        "ipv6_ip_prefix = 0",
+        "network.ipv6_ip_prefix",
+        &[],
+    );
+}
+
+/// An override written in IPv4-mapped form is the IPv4 range: checks' mapped addresses
+/// fold to IPv4, and so does the range they are matched against.
+#[test]
+fn an_ipv4_mapped_override_is_its_ipv4_range() {
+    let text = format!("{BASE}{V6_OVERRIDE}").replace("2001:db8:8::/96", "::ffff:10.8.0.0/112");
+    let cidr = ok(&text).scene("s").unwrap().overrides[0].cidr;
+    assert_eq!(cidr.to_string(), "10.8.0.0/16");
 }
