@@ -421,6 +421,8 @@ pub async fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Service, St
         recording,
         decision_log: DecisionLog::new(config.decision_log),
         ops,
+        // Every folder start-up made is there by now.
+        state_folders: crate::data_dir::StateFolders::of(&config.data_dir),
     });
     Ok(Service {
         state,

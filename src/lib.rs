@@ -22,6 +22,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod dashboard;
+pub mod data_dir;
 pub mod decide;
 pub mod decision_log;
 pub mod http;
