@@ -10,6 +10,7 @@ mod clock;
 mod cluster;
 mod cluster_copies;
 mod cluster_parity;
+mod data_dir;
 mod decide_suite;
 mod dimensions;
 mod durability;
