@@ -122,6 +122,7 @@ use openapi::SecuritySchemes;
         ops::Health,
         ops::RulesInfo,
         ops::RulesError,
+        crate::rules::RuleError,
         events::EventsBody,
         events::EventBody,
         events::EventBatch,

@@ -27,6 +27,7 @@ mod ops_page;
 mod over_limit;
 mod records;
 mod reload;
+mod reload_errors;
 mod scoring;
 mod signals_shared;
 mod simulate;
