@@ -174,11 +174,14 @@ pub struct CheckBody {
     /// first request).
     #[schema(value_type = Option<Id>)]
     pub idempotency_key: Option<String>,
-    /// When absent, the first time the service saw the user stands in (for
-    /// `new_account`).
+    /// When the account was created, from the backend's own records. Like every field
+    /// here it is trusted input: never forward it from a client. When absent, the first
+    /// time the service saw the user stands in (for `new_account`).
     #[schema(format = DateTime)]
     pub user_created_at: Option<String>,
-    /// Decide, but record nothing.
+    /// Decide, but record nothing: the answer carries `"dry_run": true`. A dry run looks
+    /// at the scene's gateway bucket without taking a token, so it meets the
+    /// `gateway_rate` deny a real check would meet now.
     pub dry_run: Option<bool>,
 }
 

@@ -13,6 +13,7 @@ mod cluster_parity;
 mod data_dir;
 mod decide_suite;
 mod dimensions;
+mod dry_run;
 mod durability;
 mod events;
 mod faults;
