@@ -37,5 +37,6 @@ pub mod signal;
 pub mod simulate;
 pub mod sled_db;
 pub mod store;
+pub mod strict_json;
 pub mod sweep;
 pub mod trust;
