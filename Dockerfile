@@ -47,6 +47,8 @@ COPY --from=builder /usr/local/bin/vigia /usr/local/bin/vigia
 COPY config.toml /etc/vigia/config.toml
 COPY rules /etc/vigia/rules
 WORKDIR /var/lib/vigia
+# Every address, so a published port reaches it: set VIGIA_CHECK_TOKEN (or keep the port on
+# a private network), else /v1/check answers anyone and the service warns at start.
 ENV VIGIA_LISTEN=0.0.0.0:8080 \
     VIGIA_RULES_DIR=/etc/vigia/rules \
     VIGIA_DATA_DIR=/var/lib/vigia

@@ -16,8 +16,12 @@ ARGV[2]    the record TTL (the generation's length), ms; "0": no records hash to
 ARGV[3]    now in ms, or "" to read Redis TIME
 ARGV[3+i]  the tag of candidate KEYS[2+i] (store::redis::record_tag)
 
-Reply: 1 when something was given back, 0 when the request is unknown (never counted,
-record expired) or every candidate key was already refunded.
+Reply: 0 when the request is unknown (never counted, record expired); else a string of
+one character per candidate key, in KEYS order from KEYS[3]: "1" when that key gave the
+request back (or the record named it: a fixed window that has rolled over forgot it
+already), "0" when it held nothing of the request — a key the check never counted in (a
+dimension value the check did not carry, a `where` that did not match), a sliding window
+that has moved past it, or a key refunded before. The caller names them to the backend.
 
 Per candidate key, the record says how to undo:
   (not named) a sliding ZSET among the candidates (TYPE zset): remove the request id
@@ -52,21 +56,17 @@ local function refund_record(hash, start, value)
   for kind, tag in string.gmatch(string.sub(value, #ms + 1), ENTRY) do
     named[tag] = kind
   end
-  local undone, changed = 0, false
+  local given, changed = {}, false
   for i = 3, #KEYS do
     local tag = ARGV[i + 1]
     local how = named[tag]
-    if undo(KEYS[i], how, t, request_id) then
-      undone = undone + 1
-    end
+    local back = undo(KEYS[i], how, t, request_id)
     if how ~= nil then
       named[tag] = nil
-      undone = undone + 1
+      back = true
       changed = true
     end
-  end
-  if undone == 0 then
-    return 0
+    given[#given + 1] = back and '1' or '0'
   end
   if changed then
     -- The entries not undone stay, in their order; HSET of an existing field keeps the
@@ -79,7 +79,7 @@ local function refund_record(hash, start, value)
     end
     redis.call('HSET', hash, request_id, table.concat(kept))
   end
-  return 1
+  return table.concat(given)
 end
 
 local gen = tonumber(ARGV[2]) or 0
@@ -109,17 +109,16 @@ if not ok or type(rec) ~= 'table' or type(rec.k) ~= 'table' then
   return redis.error_reply('refund.lua: unreadable request record at ' .. KEYS[2])
 end
 
-local undone = 0
+local given = {}
 -- Whether an entry left the record (it is written back only then).
 local changed = false
 
 for i = 3, #KEYS do
   local key = KEYS[i]
   local how = rec.k[key]
+  local back = false
   if how == nil then
-    if undo(key, nil, 0, request_id) then
-      undone = undone + 1
-    end
+    back = undo(key, nil, 0, request_id)
   elseif how == 'z' then
     redis.call('ZREM', key, request_id)
   elseif how == 't' then
@@ -130,16 +129,14 @@ for i = 3, #KEYS do
   end
   if how ~= nil then
     rec.k[key] = nil
-    undone = undone + 1
+    back = true
     changed = true
   end
+  given[#given + 1] = back and '1' or '0'
 end
 
-if undone == 0 then
-  return 0
-end
 if not changed then
-  return 1
+  return table.concat(given)
 end
 
 -- KEEPTTL: the record must not outlive the windows it describes.
@@ -150,4 +147,4 @@ else
   encoded = cjson.encode(rec)
 end
 redis.call('SET', KEYS[2], encoded, 'KEEPTTL')
-return 1
+return table.concat(given)

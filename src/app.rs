@@ -426,6 +426,8 @@ pub async fn build(config: &Config, clock: Arc<dyn Clock>) -> Result<Service, St
         recording,
         decision_log: DecisionLog::new(config.decision_log),
         ops,
+        // Every folder start-up made is there by now.
+        state_folders: crate::data_dir::StateFolders::of(&config.data_dir),
     });
     Ok(Service {
         state,
@@ -549,6 +551,14 @@ pub async fn serve(config: &Config) -> Result<(), StartError> {
         request_timeout_ms = config.http.request_timeout_ms,
         "vigia listening"
     );
+    if http::auth::check_open_to_network(&running.addr, &config.auth.check_token) {
+        tracing::warn!(
+            addr = %running.addr,
+            "/v1/check is open to anyone who reaches this address: it listens beyond loopback \
+             and auth.check_token (VIGIA_CHECK_TOKEN) is empty; set a token, or listen on \
+             127.0.0.1 behind your backend"
+        );
+    }
     spawn_sighup_reload(running.state.reloader.clone());
     let result = running.server.await.map_err(StartError::Server);
     // SIGTERM/SIGINT: the server drained; make every window and every entity's behaviour

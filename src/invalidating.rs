@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::check::over_limit::OverLimit;
-use crate::store::{CheckOp, CheckOutcome, RefundOp, StoreError, WindowStore};
+use crate::store::{CheckOp, CheckOutcome, RefundOp, Refunded, StoreError, WindowStore};
 use crate::trust::ledger::{Award, TrustLedger, TrustRead};
 
 /// A window store whose successful refunds invalidate `cache`.
@@ -24,9 +24,9 @@ impl WindowStore for RefundsInvalidate {
         self.store.check(op).await
     }
 
-    async fn refund(&self, op: &RefundOp) -> Result<bool, StoreError> {
-        let refunded = self.store.refund(op).await?;
-        if refunded {
+    async fn refund_keys(&self, op: &RefundOp) -> Result<Refunded, StoreError> {
+        let refunded = self.store.refund_keys(op).await?;
+        if refunded.any() {
             self.cache.invalidate();
         }
         Ok(refunded)

@@ -19,7 +19,19 @@ use crate::input::{self, RequestError};
 use crate::keys::{DimensionValues, KeyPrefix, KeySpace};
 use crate::metrics::Metrics;
 use crate::rules::{RuleSet, Scene};
-use crate::store::{RefundOp, StoreError, WindowStore};
+use crate::store::{RefundOp, Refunded, StoreError, WindowStore};
+
+/// Every field a refund reads: the check's scene, request id and dimension values. A
+/// `benefit_rolled_back` event may carry these besides its own.
+pub const FIELDS: [&str; 7] = [
+    "scene",
+    "request_id",
+    "user_id",
+    "device_id",
+    "ip",
+    "activity_id",
+    "attrs",
+];
 
 /// A valid refund: the request to give back and the dimension values it was checked with.
 #[derive(Debug, Clone)]
@@ -102,35 +114,47 @@ impl Refunds {
         self
     }
 
-    /// Validates a `/v1/refund` body and gives the request's quota back. `Ok(false)` when
-    /// the store does not know the request.
+    /// Validates a `/v1/refund` body, gives the request's quota back and says which of
+    /// the scene's limits gave it back.
     pub async fn refund(
         &self,
         rules: &RuleSet,
         body: &Value,
-    ) -> Result<Result<bool, StoreError>, RequestError> {
-        let op = self.op(rules, body)?;
-        Ok(self.apply(&op).await)
+    ) -> Result<Result<RefundReport, StoreError>, RequestError> {
+        let req = parse(rules, body)?;
+        let op = self.op_of(&req);
+        Ok(self
+            .apply_keys(&op)
+            .await
+            .map(|given| RefundReport::of(&self.key_prefix, &req, &op, &given)))
     }
 
     /// The store op that refunds the request a body names, computed now so it can be
     /// journaled and applied later against the same keys.
     pub fn op(&self, rules: &RuleSet, body: &Value) -> Result<RefundOp, RequestError> {
-        let req = parse(rules, body)?;
+        Ok(self.op_of(&parse(rules, body)?))
+    }
+
+    fn op_of(&self, req: &RefundRequest) -> RefundOp {
         let ks = self.key_prefix.scene(&req.scene.name);
-        Ok(RefundOp {
+        RefundOp {
             record_key: ks.record_key(&req.values, &req.scene.required, &req.request_id),
             records_key: ks.records_key(&req.values, &req.scene.required),
             record_ttl_ms: req.scene.record_ttl_ms(self.record_horizon_ms),
             request_id: req.request_id.clone(),
             keys: keys(&ks, &req.scene, &req.values),
-        })
+        }
     }
 
     /// Runs a refund op. `Ok(false)` when the store does not know the request (never
     /// counted, expired, or already refunded): applying a refund twice is harmless.
     pub async fn apply(&self, op: &RefundOp) -> Result<bool, StoreError> {
-        let result = self.store.refund(op).await;
+        self.apply_keys(op).await.map(|given| given.any())
+    }
+
+    /// [`Refunds::apply`], saying which of the op's keys gave something back.
+    async fn apply_keys(&self, op: &RefundOp) -> Result<Refunded, StoreError> {
+        let result = self.store.refund_keys(op).await;
         if let Err(e) = &result {
             self.metrics.store_error(self.store.kind(), e.kind());
         }
@@ -141,6 +165,53 @@ impl Refunds {
     /// after this, so a crash cannot lose a refund it no longer holds.
     pub async fn sync(&self) -> Result<(), StoreError> {
         self.store.sync().await
+    }
+}
+
+/// What a refund gave back, by the scene's limits (those whose dimensions the refund
+/// carried: a check without an optional dimension did not count in its limits either).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundReport {
+    /// Some limit gave the request back.
+    pub refunded: bool,
+    /// The limits whose key gave the request back.
+    pub given_back: Vec<String>,
+    /// The limits whose key held nothing of the request: a dimension value the check did
+    /// not carry (a wrong `device_id` names keys the request never counted in, while the
+    /// user's keys, where its record is kept, are given back), a limit whose `where` the
+    /// request did not match, a sliding window that has moved past it, or a refund before.
+    /// A refund naming the right values gives back what is left.
+    pub held_nothing: Vec<String>,
+}
+
+impl RefundReport {
+    /// Maps the store's per-key answer onto the limits that count in each key (sliding
+    /// limits over the same dimensions share one).
+    fn of(prefix: &KeyPrefix, req: &RefundRequest, op: &RefundOp, given: &Refunded) -> Self {
+        let ks = prefix.scene(&req.scene.name);
+        let mut report = RefundReport {
+            refunded: given.any(),
+            given_back: Vec::new(),
+            held_nothing: Vec::new(),
+        };
+        for limit in &req.scene.limits {
+            let Some(key) = ks.limit_key(limit, &req.values) else {
+                continue;
+            };
+            let back = op
+                .keys
+                .iter()
+                .position(|k| *k == key)
+                .and_then(|i| given.keys.get(i).copied())
+                .unwrap_or(false);
+            let list = if back {
+                &mut report.given_back
+            } else {
+                &mut report.held_nothing
+            };
+            list.push(limit.name.clone());
+        }
+        report
     }
 }
 

@@ -55,7 +55,7 @@ const CONTROL_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Opens the sled db at `dir` ([`crate::sled_db::open`]: waits while a closed handle's
 /// lock is let go).
-fn open_db(dir: &Path) -> Result<sled::Db, sled::Error> {
+fn open_db(dir: &Path) -> Result<sled::Db, crate::sled_db::OpenError> {
     crate::sled_db::open(dir, SLED_CACHE_BYTES)
 }
 
@@ -116,7 +116,10 @@ impl Unanswered {
 #[derive(Debug, thiserror::Error)]
 pub enum BehaviourError {
     #[error("behaviour snapshots at {path}: cannot open: {source}")]
-    Open { path: PathBuf, source: sled::Error },
+    Open {
+        path: PathBuf,
+        source: crate::sled_db::OpenError,
+    },
     #[error("behaviour snapshots at {path}: cannot read tree {tree}: {source}")]
     Read {
         path: PathBuf,
@@ -383,7 +386,7 @@ impl Behaviours {
             .open_tree(DIMENSION)
             .map_err(|source| BehaviourError::Open {
                 path: path.clone(),
-                source,
+                source: source.into(),
             })?;
         let shards = restore(&tree, &path, shards, cap, metrics)?
             .into_iter()

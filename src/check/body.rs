@@ -4,8 +4,9 @@
 //!
 //! It reads any JSON the `Value` route would: every field keeps whatever JSON it held
 //! ([`Raw`]), so `check::request` judges it with the same readers and the same messages — a
-//! number where a string belongs, an unknown field, a body that is no object. A repeated
-//! field keeps its last value, as a `Value` map does.
+//! number where a string belongs, an unknown field, a body that is no object. A key named
+//! twice in one object (the body or `attrs`) is refused, as [`crate::strict_json`] refuses
+//! it in the other bodies: `"dry_run": true, …, "dry_run": false` must not be counted.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,6 +15,7 @@ use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAcces
 use serde_json::{Map, Number, Value};
 
 use crate::input::{Field, Fields};
+use crate::strict_json::duplicate_key;
 
 /// A field's JSON, owned. Arrays keep nothing: no reader takes one.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,7 +103,11 @@ impl<'de> Visitor<'de> for RawVisitor {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Raw, A::Error> {
         let mut out = BTreeMap::new();
-        while let Some((k, v)) = map.next_entry::<String, Raw>()? {
+        while let Some(k) = map.next_key::<String>()? {
+            if out.contains_key(&k) {
+                return Err(duplicate_key(&k));
+            }
+            let v = map.next_value::<Raw>()?;
             out.insert(k, v);
         }
         Ok(Raw::Object(out))
@@ -221,11 +227,21 @@ impl<'de> Visitor<'de> for BodyVisitor {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawCheck, A::Error> {
         let mut body = RawCheck::default();
+        // Unknown names, only to refuse one named twice (as a `Value` read would): the body
+        // is refused for its first unknown field anyway, so this stays empty in a valid one.
+        let mut unknown_seen: Vec<String> = Vec::new();
         while let Some(name) = map.next_key::<Name>()? {
             match name {
+                Name::Known(i) if body.fields[i].is_some() => {
+                    return Err(duplicate_key(FIELDS[i]));
+                }
                 Name::Known(i) => body.fields[i] = Some(map.next_value::<Raw>()?),
                 Name::Unknown(name) => {
+                    if unknown_seen.contains(&name) {
+                        return Err(duplicate_key(&name));
+                    }
                     map.next_value::<IgnoredAny>()?;
+                    unknown_seen.push(name.clone());
                     if body.unknown.as_ref().is_none_or(|u| name < *u) {
                         body.unknown = Some(name);
                     }
@@ -285,7 +301,6 @@ mod tests {
         let cases = [
             r#"{"scene":"s","user_id":10086,"ip":"1.2.3.4","dry_run":true}"#,
             r#"{"scene":"s","user_id":10086.0,"device_id":null,"attrs":{"tier":"gold","n":[1,{"a":2}]}}"#,
-            r#"{"scene":"a","scene":"b","request_id":"r-1"}"#,
             r#"{"zz":1,"scene":"s","dryRun":true,"aa":{"x":[1,2]}}"#,
             r#"{"user_id":["x"],"ip":{"v":4},"activity_id":-3,"idempotency_key":"k\u00e9\"y"}"#,
             r#"{"user_id":18446744073709551616,"device_id":1e300}"#,
@@ -325,6 +340,26 @@ mod tests {
             let body_names: Vec<&str> = body.names().filter(|n| FIELDS.contains(n)).collect();
             let obj_names: Vec<&str> = obj.names().filter(|n| FIELDS.contains(n)).collect();
             assert_eq!(body_names, obj_names, "{text}");
+        }
+    }
+
+    /// A key twice, known, unknown or inside `attrs`, is an error naming it, as
+    /// `StrictJson` makes it for the other bodies.
+    #[test]
+    fn a_key_twice_is_refused_naming_it() {
+        for (text, key) in [
+            (r#"{"scene":"a","scene":"b","request_id":"r-1"}"#, "scene"),
+            (r#"{"dry_run":true,"scene":"s","dry_run":false}"#, "dry_run"),
+            (r#"{"scene":"s","dryRun":true,"dryRun":false}"#, "dryRun"),
+            (r#"{"scene":"s","attrs":{"tier":"a","tier":"b"}}"#, "tier"),
+        ] {
+            let e = serde_json::from_str::<RawCheck>(text).unwrap_err();
+            let strict = serde_json::from_str::<crate::strict_json::StrictJson>(text).unwrap_err();
+            assert!(
+                e.to_string().contains(&format!("{key:?} appears twice")),
+                "{e}"
+            );
+            assert_eq!(e.to_string(), strict.to_string(), "{text}");
         }
     }
 

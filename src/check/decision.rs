@@ -254,6 +254,8 @@ pub struct CheckResponse {
     pub limits: Vec<LimitReport>,
     pub signals: Vec<SignalReport>,
     pub trust: TrustReport,
+    /// The check was a dry run: decided, nothing recorded.
+    pub dry_run: bool,
 }
 
 impl CheckResponse {
@@ -270,6 +272,7 @@ impl CheckResponse {
             limits: Vec::new(),
             signals: Vec::new(),
             trust: TrustReport::default(),
+            dry_run: false,
         }
     }
 }
@@ -314,6 +317,19 @@ pub struct Body<'a> {
     limits: &'a [LimitReport],
     signals: &'a [SignalReport],
     trust: &'a TrustReport,
+    /// Present, and true, only on a dry run: the check was decided but nothing was
+    /// recorded, so an allow here is no allow a backend may act on.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[schema(schema_with = only_true)]
+    dry_run: bool,
+}
+
+/// `dry_run` in an answer: `true` or absent.
+fn only_true() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::Boolean)
+        .enum_values(Some([true]))
+        .build()
 }
 
 impl<'a> From<&'a CheckResponse> for Body<'a> {
@@ -344,6 +360,7 @@ impl<'a> From<&'a CheckResponse> for Body<'a> {
             limits: &r.limits,
             signals: &r.signals,
             trust: &r.trust,
+            dry_run: r.dry_run,
         }
     }
 }

@@ -8,9 +8,15 @@
 //! Time is the service's one [`Clock`] (so a simulated day refills
 //! them as a real one would), read by governor as a `Duration` since the epoch. A wall
 //! clock stepped back only stops refilling until it catches up; the burst covers that.
+//!
+//! A dry run looks at the bucket without taking a token ([`Use::Look`]): it answers what
+//! the real check would meet now — `gateway_rate` while the node sheds load, which also
+//! keeps a flood of dry runs off the store — yet records nothing, not even a token that a
+//! real check would then miss.
 
 use std::collections::HashMap;
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroU64};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use std::time::Duration;
@@ -18,7 +24,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use governor::clock::Clock as _;
 use governor::middleware::NoOpMiddleware;
-use governor::state::{InMemoryState, NotKeyed};
+use governor::nanos::Nanos;
+use governor::state::StateStore;
 use governor::{Quota, RateLimiter};
 
 use super::decision::{ceil_secs, FriendlyDeny, RateLimitInfo, Reason};
@@ -37,7 +44,50 @@ impl governor::clock::Clock for GatewayClock {
     }
 }
 
-type Limiter = RateLimiter<NotKeyed, InMemoryState, GatewayClock, NoOpMiddleware<Duration>>;
+/// How a check meets its scene's bucket: the "key" governor hands the state with each
+/// check (one bucket per scene either way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Use {
+    /// A real check: takes a token.
+    Spend,
+    /// A dry run: learns whether a token is there, takes none.
+    Look,
+}
+
+/// A bucket's GCRA state — governor's theoretical arrival time, ns after the limiter's
+/// start, 0 for none yet, as its own `InMemoryState` keeps it — which a [`Use::Look`] reads
+/// and never writes.
+#[derive(Debug, Default)]
+struct BucketState(AtomicU64);
+
+impl StateStore for BucketState {
+    type Key = Use;
+
+    fn measure_and_replace<T, F, E>(&self, key: &Use, f: F) -> Result<T, E>
+    where
+        F: Fn(Option<Nanos>) -> Result<(T, Nanos), E>,
+    {
+        let read = |tat: u64| NonZeroU64::new(tat).map(|t| Nanos::from(t.get()));
+        let mut prev = self.0.load(Ordering::Acquire);
+        loop {
+            let (out, next) = f(read(prev))?;
+            if *key == Use::Look {
+                return Ok(out);
+            }
+            match self.0.compare_exchange_weak(
+                prev,
+                next.into(),
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(out),
+                Err(now) => prev = now,
+            }
+        }
+    }
+}
+
+type Limiter = RateLimiter<Use, BucketState, GatewayClock, NoOpMiddleware<Duration>>;
 
 struct Bucket {
     settings: Gateway,
@@ -85,7 +135,7 @@ impl Gateways {
                 Some(b) if b.settings == g => b.clone(),
                 _ => Arc::new(Bucket {
                     settings: g,
-                    limiter: RateLimiter::direct_with_clock(quota(g), self.clock.clone()),
+                    limiter: RateLimiter::new(quota(g), BucketState::default(), self.clock.clone()),
                 }),
             };
             next.insert(name.clone(), bucket);
@@ -93,15 +143,16 @@ impl Gateways {
         self.buckets.store(Arc::new(next));
     }
 
-    /// Takes one token from the scene's bucket; without one, the resource layer's answer:
-    /// a friendly deny until a token is free, naming the bucket in the `RateLimit-*`
-    /// headers.
-    pub fn admit(&self, scene: &Scene) -> Result<(), FriendlyDeny> {
+    /// Takes one token from the scene's bucket (a dry run only looks for one); without
+    /// one, the resource layer's answer: a friendly deny until a token is free, naming the
+    /// bucket in the `RateLimit-*` headers.
+    pub fn admit(&self, scene: &Scene, dry_run: bool) -> Result<(), FriendlyDeny> {
         let buckets = self.buckets.load();
         let Some(bucket) = buckets.get(&scene.name) else {
             return Ok(());
         };
-        bucket.limiter.check().map_err(|not_until| {
+        let usage = if dry_run { Use::Look } else { Use::Spend };
+        bucket.limiter.check_key(&usage).map_err(|not_until| {
             let wait = not_until.wait_time_from(self.clock.now());
             let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
             let reason = Reason::GatewayRate;

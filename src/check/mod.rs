@@ -126,17 +126,16 @@ impl Checker {
     async fn decide(&self, rules: &RuleSet, req: &CheckRequest) -> CheckResponse {
         let scene = &req.scene;
         let mut resp = CheckResponse::allow(&scene.name, &req.request_id, &rules.version);
+        resp.dry_run = req.dry_run;
         if req.device_invalid {
             resp.decision = Decision::silent(Reason::InvalidDeviceId);
             return resp;
         }
         // Resource layer first: a deny here costs the store nothing. A dry run records
-        // nothing, so it takes no token either.
-        if !req.dry_run {
-            if let Err(deny) = self.gateways.admit(scene) {
-                resp.decision = Decision::FriendlyDeny(deny);
-                return resp;
-            }
+        // nothing, so it only looks for a token: it meets the gateway a real check would.
+        if let Err(deny) = self.gateways.admit(scene, req.dry_run) {
+            resp.decision = Decision::FriendlyDeny(deny);
+            return resp;
         }
         let (plan, index) = plan::plan(&self.key_prefix, rules, req, self.record_horizon_ms);
         let cache = self.over_limit.as_deref();

@@ -14,6 +14,14 @@ use subtle::ConstantTimeEq;
 
 use super::errors::ApiError;
 
+/// Whether `/v1/check` is open to the network: the node listens on an address other than
+/// loopback (`0.0.0.0` in the container image) and has no check token. Then anyone who
+/// reaches the port may check — learn which users, devices and addresses are limited, or
+/// spend a user's quota with checks of their own — so the service warns at start.
+pub fn check_open_to_network(listening: &SocketAddr, check_token: &str) -> bool {
+    !listening.ip().is_loopback() && check_token.is_empty()
+}
+
 /// The bearer token of a request, if it carries one.
 fn bearer(req: &HttpRequest) -> Option<&str> {
     req.headers()
@@ -99,6 +107,17 @@ mod tests {
 
     fn peer(s: &str) -> Option<SocketAddr> {
         Some(s.parse().unwrap())
+    }
+
+    #[test]
+    fn a_check_without_a_token_is_open_beyond_loopback_only() {
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert!(check_open_to_network(&at("0.0.0.0:8080"), ""));
+        assert!(check_open_to_network(&at("[::]:8080"), ""));
+        assert!(check_open_to_network(&at("10.0.0.7:8080"), ""));
+        assert!(!check_open_to_network(&at("127.0.0.1:8080"), ""));
+        assert!(!check_open_to_network(&at("[::1]:8080"), ""));
+        assert!(!check_open_to_network(&at("0.0.0.0:8080"), "chk"));
     }
 
     #[test]

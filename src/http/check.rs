@@ -12,7 +12,6 @@ use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
-use serde_json::Value;
 use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, SchemaFormat, Type};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
@@ -22,6 +21,7 @@ use super::AppState;
 use crate::check::body::RawCheck;
 use crate::check::decision::{ceil_secs, CheckResponse, Decision, Reason};
 use crate::input::MAX_ID_LEN;
+use crate::strict_json::StrictJson;
 
 /// An id (`user_id`, `activity_id`, `idempotency_key`, an attribute value): a string of 1 to
 /// [`MAX_ID_LEN`] characters, or an integer (many backends keep numeric user ids; `10086`
@@ -175,11 +175,14 @@ pub struct CheckBody {
     /// first request).
     #[schema(value_type = Option<Id>)]
     pub idempotency_key: Option<String>,
-    /// When absent, the first time the service saw the user stands in (for
-    /// `new_account`).
+    /// When the account was created, from the backend's own records. Like every field
+    /// here it is trusted input: never forward it from a client. When absent, the first
+    /// time the service saw the user stands in (for `new_account`).
     #[schema(format = DateTime)]
     pub user_created_at: Option<String>,
-    /// Decide, but record nothing.
+    /// Decide, but record nothing: the answer carries `"dry_run": true`. A dry run looks
+    /// at the scene's gateway bucket without taking a token, so it meets the
+    /// `gateway_rate` deny a real check would meet now.
     pub dry_run: Option<bool>,
 }
 
@@ -206,8 +209,27 @@ pub struct RefundBody {
 /// `POST /v1/refund` answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RefundAnswer {
-    /// False when the request was never counted, has expired, or was refunded already.
+    /// Some limit gave the request back. False when the request was never counted, has
+    /// expired, or was refunded already.
     pub refunded: bool,
+    /// The scene's limits whose key gave the request back.
+    pub given_back: Vec<String>,
+    /// The scene's limits whose key held nothing of the request: a dimension value the
+    /// check did not carry (a wrong `device_id`: the user's limits are given back, the
+    /// device's are listed here), a limit whose `where` the request did not match, a
+    /// sliding window that has moved past it, or an earlier refund. A refund naming the
+    /// right values gives back what is left.
+    pub held_nothing: Vec<String>,
+}
+
+impl From<crate::refund::RefundReport> for RefundAnswer {
+    fn from(r: crate::refund::RefundReport) -> Self {
+        RefundAnswer {
+            refunded: r.refunded,
+            given_back: r.given_back,
+            held_nothing: r.held_nothing,
+        }
+    }
 }
 
 /// Decide one action.
@@ -225,7 +247,7 @@ pub struct RefundAnswer {
         (status = 503, description = "friendly_deny: the store cannot answer and the scene fails closed (`reason: store_unavailable`)", body = CheckResponse, headers(
             ("Retry-After" = RetryAfterSeconds, description = "whole seconds, at least 1"),
         )),
-        (status = 400, description = "invalid request: `invalid_json`, `unknown_scene`, `missing_dimension`, `invalid_field` (`field` names it)", body = ErrorBody),
+        (status = 400, description = "invalid request: `invalid_json` (a key named twice in one object among them), `unknown_scene`, `missing_dimension`, `invalid_field` (`field` names it)", body = ErrorBody),
         (status = 401, description = "check token missing or wrong (only when the service has a check token)", body = ErrorBody, headers(
             ("WWW-Authenticate" = String, description = "`Bearer`"),
         )),
@@ -259,8 +281,8 @@ pub async fn check(
     post, path = "/v1/refund", request_body = RefundBody,
     security(("admin_token" = [])),
     responses(
-        (status = 200, body = RefundAnswer, description = "the request's quota is given back (or there was none to give back: `refunded: false`)"),
-        (status = 400, description = "invalid request (`field` names it)", body = ErrorBody),
+        (status = 200, body = RefundAnswer, description = "the request's quota is given back in every limit listed in `given_back` (none: `refunded: false`); `held_nothing` lists the limits that held nothing of it"),
+        (status = 400, description = "invalid request (`field` names it); a key named twice in one object is `invalid_json`", body = ErrorBody),
         (status = 401, description = "admin token missing or wrong (or, without one, a non-loopback peer)", body = ErrorBody, headers(
             ("WWW-Authenticate" = String, description = "`Bearer`"),
         )),
@@ -274,12 +296,12 @@ pub async fn check(
 pub async fn refund(
     req: HttpRequest,
     state: web::Data<AppState>,
-    body: web::Json<Value>,
+    body: web::Json<StrictJson>,
 ) -> Result<HttpResponse, ApiError> {
     super::auth::require_admin(&req, &state.auth.admin_token)?;
     let rules = state.rules.current();
-    let refunded = state.refunds.refund(&rules, &body).await??;
-    Ok(HttpResponse::Ok().json(RefundAnswer { refunded }))
+    let report = state.refunds.refund(&rules, &body).await??;
+    Ok(HttpResponse::Ok().json(RefundAnswer::from(report)))
 }
 
 /// The one place a check's answer becomes HTTP: status and headers from the decision,
@@ -360,6 +382,7 @@ mod tests {
     use super::*;
     use crate::check::decision::{FriendlyDeny, RateLimitInfo};
     use actix_web::http::header::HeaderMap;
+    use serde_json::Value;
 
     fn respond_to(decision: Decision) -> (StatusCode, HeaderMap, Value) {
         let mut resp = CheckResponse::allow("s", "r1", "v1");

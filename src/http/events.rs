@@ -20,9 +20,10 @@ use crate::trust::{Award, IngestReport, TrustView};
 pub const MAX_EVENTS_BODY: usize = 1024 * 1024;
 
 // Documentation of what `crate::trust::event` reads field by field.
-/// `payment_succeeded` or `identity_verified`: trust points for a user. Other fields are
-/// ignored.
+/// `payment_succeeded` or `identity_verified`: trust points for a user. A field not named
+/// here is a 400 naming it (`events[3].amount`).
 #[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct AwardEvent {
     /// An id seen before is counted once.
     #[schema(min_length = 1, max_length = 128)]
@@ -38,8 +39,10 @@ pub struct AwardEvent {
 
 /// `challenge_passed`: the person behind a challenged check passed it. For the scene's
 /// `pass_ttl` (counted from `occurred_at`) that user, on that device when given, is not
-/// challenged again by the score band; strong evidence still silently denies.
+/// challenged again by the score band; strong evidence still silently denies. A field not
+/// named here is a 400 naming it.
 #[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct PassEvent {
     /// An id seen before is counted once.
     #[schema(min_length = 1, max_length = 128)]
@@ -62,8 +65,9 @@ pub struct PassEvent {
 
 /// `benefit_rolled_back`: refunds a check's quota, named as `POST /v1/refund` names it
 /// (scene, request id, the check's dimension values). `/openapi.json` narrows it to the
-/// rule set in force.
+/// rule set in force. A field not named here is a 400 naming it.
 #[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RollbackEvent {
     /// An id seen before is counted once.
     #[schema(min_length = 1, max_length = 128)]
@@ -208,7 +212,7 @@ impl From<TrustView> for TrustAnswer {
     security(("admin_token" = [])),
     responses(
         (status = 202, description = "journaled durably (applied now, or as soon as the store answers)", body = IngestReport),
-        (status = 400, description = "an invalid event: the whole body is refused; `field` names it (`events[3].user_id`)", body = ErrorBody),
+        (status = 400, description = "an invalid event: the whole body is refused; `field` names it (`events[3].user_id`, or a field the event's type does not carry: `events[3].amount`); a key named twice in one object is `invalid_json`", body = ErrorBody),
         (status = 401, description = "admin token missing or wrong (or, without one, a non-loopback peer)", body = ErrorBody, headers(
             ("WWW-Authenticate" = String, description = "`Bearer`"),
         )),
@@ -220,7 +224,7 @@ impl From<TrustView> for TrustAnswer {
 pub async fn ingest(
     req: HttpRequest,
     state: web::Data<AppState>,
-    body: web::Json<serde_json::Value>,
+    body: web::Json<crate::strict_json::StrictJson>,
 ) -> Result<HttpResponse, ApiError> {
     super::auth::require_admin(&req, &state.auth.admin_token)?;
     let rules = state.rules.current();

@@ -55,6 +55,8 @@ pub struct AppState {
     pub decision_log: Option<crate::decision_log::DecisionLog>,
     /// The counters' last minutes, for `GET /ops`.
     pub ops: Arc<crate::dashboard::History>,
+    /// `data_dir` and its folders: `/readyz` fails while one cannot take a write.
+    pub state_folders: crate::data_dir::StateFolders,
 }
 
 /// Every route: (method, path). `/openapi.json` documents exactly these (tested).
@@ -123,6 +125,7 @@ use openapi::SecuritySchemes;
         ops::Health,
         ops::RulesInfo,
         ops::RulesError,
+        crate::rules::RuleError,
         events::EventsBody,
         events::EventBody,
         events::EventBatch,

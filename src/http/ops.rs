@@ -52,10 +52,11 @@ pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(Health { status: "ok" })
 }
 
-/// 200 when rules are loaded and the store answers; 503 with what is wrong otherwise.
+/// 200 when rules are loaded, the store answers and `data_dir` takes writes; 503 with
+/// what is wrong otherwise.
 #[utoipa::path(get, path = "/readyz", responses(
-    (status = 200, body = Ready, description = "rules loaded and the store answers"),
-    (status = 503, body = Ready, description = "not ready: `problems` says what is wrong"),
+    (status = 200, body = Ready, description = "rules loaded, the store answers, and `data_dir` and its folders take writes"),
+    (status = 503, body = Ready, description = "not ready: `problems` says what is wrong (the store; a data folder gone or not writable, named)"),
 ))]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let rules = state.rules.current();
@@ -63,6 +64,11 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let mut problems = Vec::new();
     if let Err(e) = store.ping().await {
         problems.push(format!("store ({}): {e}", store.kind()));
+    }
+    let folders = state.state_folders.clone();
+    match web::block(move || folders.problems()).await {
+        Ok(folder_problems) => problems.extend(folder_problems),
+        Err(e) => problems.push(format!("data folders: not checked: {e}")),
     }
     let body = Ready {
         ready: problems.is_empty(),

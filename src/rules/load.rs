@@ -11,7 +11,7 @@ use super::{compile_files, RuleSet};
 
 /// One problem in a rule file. `line` is 1-based; 0 for a problem with the folder or
 /// the file as a whole.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, utoipa::ToSchema)]
 #[error("{file}:{line}: {message}")]
 pub struct RuleError {
     /// The path as it was shown to the loader (`rules/coupon_claim.toml`).

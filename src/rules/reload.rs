@@ -34,17 +34,37 @@ use arc_swap::ArcSwapOption;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::{load_dir, RuleErrors, RuleSet, RulesHandle};
+use super::{load_dir, RuleError, RuleErrors, RuleSet, RulesHandle};
 use crate::metrics::Metrics;
 
-/// The last rule load that failed (shown by `GET /v1/rules` until a load succeeds).
+/// The last rule load that failed (shown by `GET /v1/rules` until a load succeeds): its
+/// first error, and every error it found. The first stays where clients read it before
+/// `errors` was added.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct RulesError {
+    /// The first error's file.
     pub file: String,
     pub line: usize,
     pub message: String,
     /// RFC 3339, UTC.
     pub at: String,
+    /// Every error of that load, in file then line order (the first is the one above): an
+    /// operator fixes them all at once, not one per reload.
+    pub errors: Vec<RuleError>,
+}
+
+impl RulesError {
+    /// The report of a load that failed at `at` (RFC 3339) with `errors`, in `dir`.
+    fn of(dir: &Path, errors: &RuleErrors, at: String) -> RulesError {
+        let first = errors.0.first();
+        RulesError {
+            file: first.map_or_else(|| dir.display().to_string(), |e| e.file.clone()),
+            line: first.map_or(0, |e| e.line),
+            message: first.map_or_else(|| errors.to_string(), |e| e.message.clone()),
+            at,
+            errors: errors.0.clone(),
+        }
+    }
 }
 
 /// What asked for a reload (logged with each attempt).
@@ -170,13 +190,9 @@ impl Reloader {
                 })
             }
             Err(errors) => {
-                let first = errors.0.first();
-                self.last_error.store(Some(Arc::new(RulesError {
-                    file: first.map_or_else(|| self.dir.display().to_string(), |e| e.file.clone()),
-                    line: first.map_or(0, |e| e.line),
-                    message: first.map_or_else(|| errors.to_string(), |e| e.message.clone()),
-                    at: crate::clock::rfc3339(self.rules.clock().now_ms()),
-                })));
+                let at = crate::clock::rfc3339(self.rules.clock().now_ms());
+                self.last_error
+                    .store(Some(Arc::new(RulesError::of(&self.dir, &errors, at))));
                 self.metrics.rule_reload("error");
                 tracing::warn!(
                     trigger = trigger.name(),
@@ -267,6 +283,7 @@ layer = "business"
         let e = reloader.last_error().expect("error kept");
         assert!(e.file.ends_with("s.toml"), "{e:?}");
         assert!(e.line > 0, "{e:?}");
+        assert_eq!(e.errors, errors.0, "every error, the first one first");
 
         std::fs::write(dir.path().join("s.toml"), VALID).unwrap();
         let r = reloader.reload(Trigger::Admin).unwrap();

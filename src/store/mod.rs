@@ -110,6 +110,24 @@ pub struct RefundOp {
     pub keys: Vec<String>,
 }
 
+/// What one refund gave back: for each of [`RefundOp::keys`], in order, whether that key
+/// gave the request back (true too when the request's record named a fixed window that has
+/// since rolled over: it holds nothing of the request any more). False for a key that held
+/// nothing of it: one the check never counted in (a dimension value it did not carry, a
+/// `where` it did not match), a sliding window that has moved past it, or a key refunded
+/// before. Every key is false when the store does not know the request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refunded {
+    pub keys: Vec<bool>,
+}
+
+impl Refunded {
+    /// Whether any key gave something back (the API's `refunded`).
+    pub fn any(&self) -> bool {
+        self.keys.iter().any(|&k| k)
+    }
+}
+
 /// A store that could not answer. Mapped to the scene's `on_store_error` by the check.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
@@ -144,9 +162,16 @@ pub trait WindowStore: Send + Sync + 'static {
     /// Evaluates and (unless denied, duplicate or dry run) records one check.
     async fn check(&self, op: &CheckOp) -> Result<CheckOutcome, StoreError>;
 
-    /// Gives back the quota a request consumed in every key it counted in.
-    /// `Ok(false)` when the request is unknown (never counted, expired, or already refunded).
-    async fn refund(&self, op: &RefundOp) -> Result<bool, StoreError>;
+    /// Gives back the quota a request consumed in every key it counted in, and says which
+    /// of the op's keys gave something back.
+    async fn refund_keys(&self, op: &RefundOp) -> Result<Refunded, StoreError>;
+
+    /// [`WindowStore::refund_keys`], for a caller that needs only whether anything came
+    /// back: `Ok(false)` when the request is unknown (never counted, expired, or already
+    /// refunded).
+    async fn refund(&self, op: &RefundOp) -> Result<bool, StoreError> {
+        Ok(self.refund_keys(op).await?.any())
+    }
 
     /// Whether the store answers now (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;

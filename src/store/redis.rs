@@ -21,7 +21,7 @@ use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 use super::breaker::{Breaker, BreakerSettings};
 use super::limits_script::LimitScripts;
 use super::redis_link::RedisLink;
-use super::{CheckOp, CheckOutcome, LimitState, RefundOp, StoreError, WindowStore};
+use super::{CheckOp, CheckOutcome, LimitState, RefundOp, Refunded, StoreError, WindowStore};
 use crate::clock::Clock;
 use crate::keys::legacy_record_key;
 use crate::rules::Algorithm;
@@ -352,16 +352,15 @@ impl RedisStore {
     /// A refund on a cluster: one refund.lua per slot group of the candidate keys, each
     /// with the records key its group reserved under (`crate::decide::cluster`). No
     /// record there predates 2026-12: the legacy key is one of the group's slot that
-    /// holds nothing. Refunded when any group gave something back.
-    async fn refund_groups(&self, op: &RefundOp) -> Result<bool, StoreError> {
+    /// holds nothing. Each group answers for its own keys.
+    async fn refund_groups(&self, op: &RefundOp) -> Result<Refunded, StoreError> {
         let groups = crate::keys::slot_groups(&op.records_key, op.keys.iter().map(String::as_str))
             .map_err(|why| StoreError::Protocol(format!("refund of {}: {why}", op.request_id)))?;
         // The main group is there even with no candidate key: nothing to refund in it.
-        let groups = groups.iter().filter(|g| !g.members.is_empty()).map(|g| {
+        let groups: Vec<_> = groups.iter().filter(|g| !g.members.is_empty()).collect();
+        let calls = groups.iter().map(|g| {
+            let records_key = &g.records_key;
             let keys: Vec<&str> = g.members.iter().map(|&i| op.keys[i].as_str()).collect();
-            (&g.records_key, keys)
-        });
-        let calls = groups.map(|(records_key, keys)| {
             let mut inv = self.refund_script.prepare_invoke();
             inv.key(records_key);
             inv.key(format!("{records_key}:none"));
@@ -376,28 +375,54 @@ impl RedisStore {
             for key in &keys {
                 inv.arg(&record_tag(key)[..]);
             }
+            let n = keys.len();
             async move {
                 let mut conn = self.link.conn().await?;
-                refunded(self.link.run(inv.invoke_async(&mut conn)).await?)
+                refunded(self.link.run(inv.invoke_async(&mut conn)).await?, n)
             }
         });
-        let mut any = false;
-        for result in futures::future::join_all(calls).await {
-            any |= result?;
+        let mut all = Refunded {
+            keys: vec![false; op.keys.len()],
+        };
+        let answers = futures::future::join_all(calls).await;
+        for (g, answer) in groups.iter().zip(answers) {
+            for (&i, back) in g.members.iter().zip(answer?.keys) {
+                all.keys[i] = back;
+            }
         }
-        Ok(any)
+        Ok(all)
     }
 }
 
-/// refund.lua's reply.
-fn refunded(reply: Value) -> Result<bool, StoreError> {
-    match reply {
-        Value::Int(1) => Ok(true),
-        Value::Int(0) => Ok(false),
-        other => Err(StoreError::Protocol(format!(
-            "refund.lua replied {other:?}, expected 0 or 1"
-        ))),
-    }
+/// refund.lua's reply for `n` candidate keys: 0 (the request is unknown), or a `0`/`1`
+/// per key.
+fn refunded(reply: Value, n: usize) -> Result<Refunded, StoreError> {
+    let flags = match reply {
+        Value::Int(0) => {
+            return Ok(Refunded {
+                keys: vec![false; n],
+            })
+        }
+        Value::BulkString(flags) if flags.len() == n => flags,
+        Value::SimpleString(flags) if flags.len() == n => flags.into_bytes(),
+        other => {
+            return Err(StoreError::Protocol(format!(
+                "refund.lua replied {other:?}, expected 0 or a 0/1 flag for each of {n} keys"
+            )))
+        }
+    };
+    flags
+        .iter()
+        .map(|f| match f {
+            b'1' => Ok(true),
+            b'0' => Ok(false),
+            _ => Err(StoreError::Protocol(format!(
+                "refund.lua replied {:?}, expected 0/1 flags",
+                String::from_utf8_lossy(&flags)
+            ))),
+        })
+        .collect::<Result<Vec<bool>, _>>()
+        .map(|keys| Refunded { keys })
 }
 
 #[async_trait]
@@ -428,7 +453,7 @@ impl WindowStore for RedisStore {
         parse_check_reply(reply, op.limits.len())
     }
 
-    async fn refund(&self, op: &RefundOp) -> Result<bool, StoreError> {
+    async fn refund_keys(&self, op: &RefundOp) -> Result<Refunded, StoreError> {
         if self.link.is_cluster() {
             return self.refund_groups(op).await;
         }
@@ -464,7 +489,7 @@ impl WindowStore for RedisStore {
 
         let mut conn = self.link.conn().await?;
         let reply: Value = self.link.run(inv.invoke_async(&mut conn)).await?;
-        refunded(reply)
+        refunded(reply, op.keys.len())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

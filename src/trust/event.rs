@@ -1,9 +1,11 @@
 //! `POST /v1/events` bodies: one event object, or `{"events": [...]}` with 1 to
 //! [`MAX_BATCH`] events, become typed [`Event`]s or an error naming the field
 //! (`events[3].user_id`). Nothing is half-accepted: the first invalid event refuses the
-//! whole body. A batch body holds `events` only; in an event, unknown extra fields are
-//! ignored (a `benefit_rolled_back` carries the check's dimension values, which the refund
-//! parser reads from the same object).
+//! whole body. A batch body holds `events` only, and an event the fields of its type only
+//! ([`EventKind::fields`]): a misspelt `devce_id` would otherwise pass a challenge for every
+//! device, or refund a key the backend did not mean. A `benefit_rolled_back` carries the
+//! check's dimension values ([`crate::refund::FIELDS`]), which the refund parser reads from
+//! the same object.
 
 use serde_json::{Map, Value};
 
@@ -53,7 +55,22 @@ impl EventKind {
     fn from_name(s: &str) -> Option<EventKind> {
         Self::ALL.into_iter().find(|k| k.name() == s)
     }
+
+    /// Every field an event of this type may carry; another is refused, naming it.
+    pub fn fields(self) -> Vec<&'static str> {
+        let extra: &[&'static str] = match self {
+            EventKind::PaymentSucceeded | EventKind::IdentityVerified => &[],
+            EventKind::ChallengePassed => &["device_id", "scene"],
+            EventKind::BenefitRolledBack => &crate::refund::FIELDS,
+        };
+        let mut fields = COMMON_FIELDS.to_vec();
+        fields.extend(extra.iter().filter(|f| !COMMON_FIELDS.contains(f)));
+        fields
+    }
 }
+
+/// The fields of every event.
+const COMMON_FIELDS: [&str; 4] = ["event_id", "type", "user_id", "occurred_at"];
 
 /// One valid event. `raw` is its JSON object, for the refund parser.
 #[derive(Debug, Clone)]
@@ -158,6 +175,18 @@ fn parse_event(at: String, value: &Value) -> Result<Event<'_>, Invalid> {
         e.kind = Some(kind);
         e
     };
+    let fields = kind.fields();
+    if let Some(unknown) = obj.keys().find(|k| !fields.contains(&k.as_str())) {
+        return Err(with_kind(invalid(
+            &at,
+            &crate::input::truncate(unknown),
+            format!(
+                "is not a field of a {} event ({})",
+                kind.name(),
+                fields.join(", ")
+            ),
+        )));
+    }
     let event_id = event_id(&at, obj).map_err(with_kind)?;
     let user_id = user_id(&at, obj).map_err(with_kind)?;
     if user_id.is_none() && kind != EventKind::BenefitRolledBack {
@@ -261,7 +290,7 @@ mod tests {
 
     fn pay(id: &str) -> Value {
         json!({"event_id": id, "type": "payment_succeeded", "user_id": 10086,
-               "occurred_at": "2026-01-02T03:04:05Z", "amount": 12})
+               "occurred_at": "2026-01-02T03:04:05Z"})
     }
 
     fn field(e: &Invalid) -> String {
@@ -343,6 +372,28 @@ mod tests {
         let mut no_user = bare.clone();
         no_user.as_object_mut().unwrap().remove("user_id");
         assert_eq!(field(&parse_body(&no_user).unwrap_err()), "user_id");
+    }
+
+    /// A field its type does not carry is refused, naming it (and the event); the fields
+    /// of a rollback are a refund's.
+    #[test]
+    fn an_unknown_field_is_refused_naming_it() {
+        let mut e = pay("e1");
+        e["amount"] = json!(12);
+        let err = parse_body(&json!({"events": [pay("e0"), e]})).unwrap_err();
+        assert_eq!(field(&err), "events[1].amount");
+        assert_eq!(err.kind, Some(EventKind::PaymentSucceeded));
+        let pass = json!({"event_id": "p", "type": "challenge_passed", "user_id": "u",
+                          "devce_id": "dev-0001", "occurred_at": "2026-01-02T03:04:05Z"});
+        assert_eq!(field(&parse_body(&pass).unwrap_err()), "devce_id");
+        let rollback = json!({"event_id": "r", "type": "benefit_rolled_back", "scene": "s",
+                              "request_id": "req1", "user_id": "u", "device_id": "d",
+                              "ip": "192.0.2.1", "activity_id": "a", "attrs": {},
+                              "occurred_at": "2026-01-02T03:04:05Z"});
+        parse_body(&rollback).expect("a refund's fields");
+        let mut copied = rollback.clone();
+        copied["dry_run"] = json!(false);
+        assert_eq!(field(&parse_body(&copied).unwrap_err()), "dry_run");
     }
 
     #[test]

@@ -312,12 +312,12 @@ async fn a_refund_gives_the_quota_back_once() {
     assert_eq!(resp.status(), 200);
     assert_eq!(
         resp.json::<serde_json::Value>().await.unwrap(),
-        json!({"refunded": true})
+        json!({"refunded": true, "given_back": ["user_10s", "device_1d", "ip_1m"], "held_nothing": []})
     );
     let resp = app.post("/v1/refund", &refund).await;
     assert_eq!(
         resp.json::<serde_json::Value>().await.unwrap(),
-        json!({"refunded": false})
+        json!({"refunded": false, "given_back": [], "held_nothing": ["user_10s", "device_1d", "ip_1m"]})
     );
     let (status, r) = app.check(body("u")).await;
     assert_eq!(status, 200, "{r}");
@@ -483,7 +483,7 @@ async fn a_refund_without_a_dimension_its_limits_count_on_is_400_naming_it() {
     assert_eq!(resp.status(), 200);
     assert_eq!(
         resp.json::<serde_json::Value>().await.unwrap(),
-        json!({"refunded": false})
+        json!({"refunded": false, "given_back": [], "held_nothing": ["user_10s", "device_1d", "ip_1m"]})
     );
 }
 

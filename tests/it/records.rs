@@ -117,7 +117,10 @@ async fn past_the_horizon_the_same_id_is_a_new_request(backend: StoreBackend) {
     let refund = json!({"scene": "day", "request_id": "d1", "user_id": "u"});
     let resp = app.post("/v1/refund", &refund).await;
     let answer: Value = resp.json().await.expect("JSON");
-    assert_eq!(answer, json!({"refunded": true}));
+    assert_eq!(
+        answer,
+        json!({"refunded": true, "given_back": ["user_1d"], "held_nothing": []})
+    );
 }
 
 #[actix_web::test]

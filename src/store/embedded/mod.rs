@@ -40,7 +40,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{CheckOp, CheckOutcome, LimitOp, LimitState, RefundOp, StoreError, WindowStore};
+use super::{
+    CheckOp, CheckOutcome, LimitOp, LimitState, RefundOp, Refunded, StoreError, WindowStore,
+};
 use crate::clock::Clock;
 use crate::keys::legacy_record_key;
 use crate::rules::Algorithm;
@@ -574,7 +576,7 @@ impl EmbeddedStore {
         })
     }
 
-    fn refund_now(&self, op: &RefundOp) -> Result<bool, StoreError> {
+    fn refund_now(&self, op: &RefundOp) -> Result<Refunded, StoreError> {
         let now = self.clock.now_ms();
         // Where a request counted before an upgrade has its record (keys::legacy_record_key).
         let legacy = legacy_record_key(&op.records_key, &op.request_id);
@@ -595,13 +597,15 @@ impl EmbeddedStore {
                 break;
             }
         }
+        let mut given = Refunded {
+            keys: vec![false; targets.len()],
+        };
         let Some((record_key, counted, expires_at)) = record else {
-            return Ok(false);
+            return Ok(given);
         };
         let mut remaining = counted.clone();
         let mut writes = Writes::default();
-        let mut undone = 0;
-        for &hashed in &targets {
+        for (&hashed, back) in targets.iter().zip(given.keys.iter_mut()) {
             let key = hashed.key;
             // How the record names the key (a fixed hash, not the table's).
             let named = KeyHash::of(key);
@@ -617,13 +621,15 @@ impl EmbeddedStore {
                                 member: op.request_id.clone(),
                             },
                         );
-                        undone += 1;
+                        *back = true;
                     }
                 }
                 continue;
             };
             let (_, tag) = remaining.remove(pos);
-            undone += 1;
+            // Named by the record: given back now, or already forgotten by a window that
+            // rolled over (refund.lua answers the same).
+            *back = true;
             match (tag, locked.live(hashed, now).cloned()) {
                 // A window that has rolled over already forgot the request.
                 (
@@ -661,8 +667,8 @@ impl EmbeddedStore {
                 _ => {}
             }
         }
-        if undone == 0 {
-            return Ok(false);
+        if !given.any() {
+            return Ok(given);
         }
         // Undone keys leave the record; the record stays (its id is still a duplicate).
         if remaining.len() != counted.len() {
@@ -678,7 +684,7 @@ impl EmbeddedStore {
             );
         }
         locked.commit(now, writes)?;
-        Ok(true)
+        Ok(given)
     }
 }
 
@@ -849,7 +855,7 @@ impl WindowStore for EmbeddedStore {
         self.check_now(op)
     }
 
-    async fn refund(&self, op: &RefundOp) -> Result<bool, StoreError> {
+    async fn refund_keys(&self, op: &RefundOp) -> Result<Refunded, StoreError> {
         self.refund_now(op)
     }
 
