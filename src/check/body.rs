@@ -8,7 +8,7 @@
 //! twice in one object (the body or `attrs`) is refused, as [`crate::strict_json`] refuses
 //! it in the other bodies: `"dry_run": true, …, "dry_run": false` must not be counted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -227,9 +227,10 @@ impl<'de> Visitor<'de> for BodyVisitor {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawCheck, A::Error> {
         let mut body = RawCheck::default();
-        // Unknown names, only to refuse one named twice (as a `Value` read would): the body
-        // is refused for its first unknown field anyway, so this stays empty in a valid one.
-        let mut unknown_seen: Vec<String> = Vec::new();
+        // Unknown names, only to refuse one named twice as `StrictJson` does: the body is
+        // refused for its first unknown field anyway, so this stays empty in a valid one. A
+        // set, so 64 KiB of unknown names costs no quadratic search.
+        let mut unknown_seen: HashSet<String> = HashSet::new();
         while let Some(name) = map.next_key::<Name>()? {
             match name {
                 Name::Known(i) if body.fields[i].is_some() => {
@@ -237,11 +238,10 @@ impl<'de> Visitor<'de> for BodyVisitor {
                 }
                 Name::Known(i) => body.fields[i] = Some(map.next_value::<Raw>()?),
                 Name::Unknown(name) => {
-                    if unknown_seen.contains(&name) {
+                    if !unknown_seen.insert(name.clone()) {
                         return Err(duplicate_key(&name));
                     }
                     map.next_value::<IgnoredAny>()?;
-                    unknown_seen.push(name.clone());
                     if body.unknown.as_ref().is_none_or(|u| name < *u) {
                         body.unknown = Some(name);
                     }
