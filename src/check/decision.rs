@@ -880,6 +880,9 @@ layer = "security"
             .keys()
             .map(String::as_str)
             .collect();
+        // Sent only in a dry run's answer.
+        assert!(!sent.contains(&"dry_run"));
+        sent.push("dry_run");
         documented.sort_unstable();
         sent.sort_unstable();
         assert_eq!(documented, sent);

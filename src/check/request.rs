@@ -173,7 +173,6 @@ mod tests {
             r#"{"scene":"nope","request_id":"r1"}"#,
             r#"{"scene":7}"#,
             r#"{"scene":null,"request_id":"r1"}"#,
-            r#"{"scene":"a","scene":"s","request_id":"r1","user_id":"u","ip":"192.0.2.1"}"#,
             r#"{}"#,
             r#"[1,2]"#,
             r#""s""#,
